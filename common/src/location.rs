@@ -1,0 +1,237 @@
+//! Storage locations for checkpoints and file sinks: a directory on an `object_store`, with the
+//! few operations weir's logs need (create-only put, put, get, list, delete).
+//!
+//! Local paths (and `file://` URLs) use the local filesystem; other schemes are refused until
+//! their backend is wired in.
+
+use std::path::{Path as FsPath, PathBuf};
+use std::sync::Arc;
+
+use bytes::Bytes;
+use futures::TryStreamExt;
+use object_store::local::LocalFileSystem;
+use object_store::path::Path;
+use object_store::{ObjectStore, ObjectStoreExt, PutMode, PutOptions, PutPayload};
+
+use crate::ClassifiedError;
+
+/// A directory on an object store.
+#[derive(Debug, Clone)]
+pub struct Location {
+    store: Arc<dyn ObjectStore>,
+    prefix: Path,
+    local_dir: Option<PathBuf>,
+    display: String,
+}
+
+/// Outcome of a create-only write.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Created {
+    /// The object did not exist and now holds the payload.
+    Yes,
+    /// An object already existed there; nothing was written.
+    AlreadyExisted,
+}
+
+impl Location {
+    /// Resolves `location`: a local path (relative paths are taken from the current directory)
+    /// or a `file://` URL. The directory is created if it does not exist.
+    pub fn parse(location: &str) -> Result<Self, ClassifiedError> {
+        let trimmed = location.trim();
+        if trimmed.is_empty() {
+            return Err(ClassifiedError::new(
+                "INVALID_PATH",
+                "42K0F",
+                "An empty path was given; name a directory.",
+            ));
+        }
+        let path = if let Some(rest) = trimmed.strip_prefix("file://") {
+            PathBuf::from(rest)
+        } else if let Some((scheme, _)) = trimmed.split_once("://") {
+            return Err(ClassifiedError::new(
+                "UNSUPPORTED_STORAGE_SCHEME",
+                "0A000",
+                format!(
+                    "The storage scheme '{scheme}://' of '{trimmed}' is not supported yet; \
+                     use a local path or a file:// URL."
+                ),
+            ));
+        } else {
+            PathBuf::from(trimmed)
+        };
+        Self::local(&path)
+    }
+
+    /// A directory on the local filesystem, created if missing.
+    pub fn local(dir: &FsPath) -> Result<Self, ClassifiedError> {
+        let cannot = |e: &dyn std::fmt::Display| {
+            ClassifiedError::new(
+                "CANNOT_ACCESS_PATH",
+                "58030",
+                format!(
+                    "Cannot create or open the directory '{}': {e}. Check that the path is \
+                     writable, or choose another one.",
+                    dir.display()
+                ),
+            )
+        };
+        let abs = std::path::absolute(dir).map_err(|e| cannot(&e))?;
+        if abs.exists() && !abs.is_dir() {
+            return Err(ClassifiedError::new(
+                "PATH_NOT_A_DIRECTORY",
+                "42K0F",
+                format!("'{}' exists and is not a directory.", abs.display()),
+            ));
+        }
+        std::fs::create_dir_all(&abs).map_err(|e| cannot(&e))?;
+        let store = LocalFileSystem::new_with_prefix(&abs).map_err(|e| cannot(&e))?;
+        Ok(Self {
+            store: Arc::new(store),
+            prefix: Path::default(),
+            display: abs.display().to_string(),
+            local_dir: Some(abs),
+        })
+    }
+
+    /// The location as the user should see it in messages.
+    pub fn display(&self) -> &str {
+        &self.display
+    }
+
+    /// The directory on the local filesystem, if this location is local.
+    pub fn local_dir(&self) -> Option<&FsPath> {
+        self.local_dir.as_deref()
+    }
+
+    /// The object store behind this location.
+    pub fn store(&self) -> &Arc<dyn ObjectStore> {
+        &self.store
+    }
+
+    /// The object path of `rel` (a `/`-separated path relative to this directory).
+    pub fn path(&self, rel: &str) -> Path {
+        rel.split('/')
+            .filter(|p| !p.is_empty())
+            .fold(self.prefix.clone(), |p, part| p.clone().join(part))
+    }
+
+    /// A sub-directory of this location.
+    pub fn child(&self, rel: &str) -> Self {
+        Self {
+            store: Arc::clone(&self.store),
+            prefix: self.path(rel),
+            local_dir: self.local_dir.as_ref().map(|d| d.join(rel)),
+            display: format!("{}/{rel}", self.display),
+        }
+    }
+
+    /// Writes `bytes` at `rel` only if nothing is there: the fence of every weir log.
+    pub async fn put_if_absent(&self, rel: &str, bytes: Bytes) -> object_store::Result<Created> {
+        let opts = PutOptions {
+            mode: PutMode::Create,
+            ..Default::default()
+        };
+        match self
+            .store
+            .put_opts(&self.path(rel), PutPayload::from(bytes), opts)
+            .await
+        {
+            Ok(_) => Ok(Created::Yes),
+            Err(object_store::Error::AlreadyExists { .. }) => Ok(Created::AlreadyExisted),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Writes `bytes` at `rel` atomically, replacing what was there.
+    pub async fn put(&self, rel: &str, bytes: Bytes) -> object_store::Result<()> {
+        self.store
+            .put(&self.path(rel), PutPayload::from(bytes))
+            .await
+            .map(|_| ())
+    }
+
+    /// The whole object at `rel`, or `None` if there is none.
+    pub async fn get(&self, rel: &str) -> object_store::Result<Option<Bytes>> {
+        match self.store.get(&self.path(rel)).await {
+            Ok(r) => r.bytes().await.map(Some),
+            Err(object_store::Error::NotFound { .. }) => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Whether an object exists at `rel`.
+    pub async fn exists(&self, rel: &str) -> object_store::Result<bool> {
+        match self.store.head(&self.path(rel)).await {
+            Ok(_) => Ok(true),
+            Err(object_store::Error::NotFound { .. }) => Ok(false),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Names (relative to `rel_dir`) and sizes of the objects directly inside `rel_dir`.
+    pub async fn list_files(&self, rel_dir: &str) -> object_store::Result<Vec<(String, u64)>> {
+        let dir = self.path(rel_dir);
+        let listing = self.store.list_with_delimiter(Some(&dir)).await?;
+        Ok(listing
+            .objects
+            .into_iter()
+            .filter_map(|m| {
+                let name = m.location.filename()?.to_string();
+                Some((name, m.size))
+            })
+            .collect())
+    }
+
+    /// Every object under this location, as paths relative to it.
+    pub async fn list_all(&self) -> object_store::Result<Vec<String>> {
+        let metas: Vec<_> = self.store.list(Some(&self.prefix)).try_collect().await?;
+        let prefix_parts = self.prefix.parts().count();
+        Ok(metas
+            .into_iter()
+            .map(|m| {
+                m.location
+                    .parts()
+                    .skip(prefix_parts)
+                    .map(|p| p.as_ref().to_string())
+                    .collect::<Vec<_>>()
+                    .join("/")
+            })
+            .collect())
+    }
+
+    /// Deletes the object at `rel`; a missing object is not an error.
+    pub async fn delete(&self, rel: &str) -> object_store::Result<()> {
+        match self.store.delete(&self.path(rel)).await {
+            Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
+            Err(e) => Err(e),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn create_only_put_never_replaces_an_existing_object() {
+        let dir = tempfile::tempdir().unwrap();
+        let loc = Location::local(dir.path()).unwrap();
+        assert_eq!(
+            loc.put_if_absent("offsets/0", Bytes::from_static(b"a")).await.unwrap(),
+            Created::Yes
+        );
+        assert_eq!(
+            loc.put_if_absent("offsets/0", Bytes::from_static(b"b")).await.unwrap(),
+            Created::AlreadyExisted
+        );
+        assert_eq!(loc.get("offsets/0").await.unwrap().unwrap(), Bytes::from_static(b"a"));
+        assert_eq!(loc.list_files("offsets").await.unwrap(), vec![("0".to_string(), 1)]);
+        assert_eq!(loc.get("offsets/1").await.unwrap(), None);
+    }
+
+    #[test]
+    fn a_remote_scheme_is_refused_with_a_class() {
+        let err = Location::parse("hdfs://nn/x").unwrap_err();
+        assert_eq!(err.class, "UNSUPPORTED_STORAGE_SCHEME");
+    }
+}

@@ -1,0 +1,172 @@
+//! Streaming analysis of a DataFusion logical plan: find the streaming scans, give each run
+//! its own copies of them, and refuse operations a streaming query cannot do, before anything
+//! runs.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use datafusion::common::tree_node::{Transformed, TreeNode, TreeNodeRecursion};
+use datafusion::datasource::{provider_as_source, source_as_provider};
+use datafusion::error::Result;
+use datafusion::logical_expr::{JoinType, LogicalPlan, TableScan};
+use weir_common::ClassifiedError;
+
+use crate::StreamingTable;
+
+fn as_streaming(scan: &TableScan) -> Option<Arc<StreamingTable>> {
+    let provider = source_as_provider(&scan.source).ok()?;
+    let any: Arc<dyn std::any::Any + Send + Sync> = provider;
+    Arc::downcast::<StreamingTable>(any).ok()
+}
+
+/// Whether `plan` reads a stream anywhere (subqueries included).
+pub fn is_streaming(plan: &LogicalPlan) -> bool {
+    let mut found = false;
+    let _ = plan.apply_with_subqueries(|node| {
+        if let LogicalPlan::TableScan(scan) = node
+            && as_streaming(scan).is_some()
+        {
+            found = true;
+            return Ok(TreeNodeRecursion::Stop);
+        }
+        Ok(TreeNodeRecursion::Continue)
+    });
+    found
+}
+
+/// The streaming tables of `plan`, each once, in plan-traversal order: a source's position
+/// in this list is its identity in the offsets log.
+pub fn streaming_tables(plan: &LogicalPlan) -> Vec<Arc<StreamingTable>> {
+    let mut out: Vec<Arc<StreamingTable>> = vec![];
+    let _ = plan.apply_with_subqueries(|node| {
+        if let LogicalPlan::TableScan(scan) = node
+            && let Some(t) = as_streaming(scan)
+            && !out.iter().any(|o| Arc::ptr_eq(o, &t))
+        {
+            out.push(t);
+        }
+        Ok(TreeNodeRecursion::Continue)
+    });
+    out
+}
+
+/// `plan` with every streaming table replaced by a fresh copy (no rows), so that one run of a
+/// query never shares its per-batch rows with another. A table read twice stays one table.
+pub fn with_fresh_streaming_tables(plan: LogicalPlan) -> Result<LogicalPlan> {
+    let mut replaced: HashMap<usize, Arc<StreamingTable>> = HashMap::new();
+    plan.transform_up_with_subqueries(|node| {
+        let LogicalPlan::TableScan(scan) = &node else {
+            return Ok(Transformed::no(node));
+        };
+        let Some(table) = as_streaming(scan) else {
+            return Ok(Transformed::no(node));
+        };
+        let key = Arc::as_ptr(&table) as usize;
+        let fresh = Arc::clone(
+            replaced
+                .entry(key)
+                .or_insert_with(|| Arc::new(table.fresh())),
+        );
+        let mut scan = scan.clone();
+        scan.source = provider_as_source(fresh);
+        Ok(Transformed::yes(LogicalPlan::TableScan(scan)))
+    })
+    .map(|t| t.data)
+}
+
+fn refuse(class: &'static str, message: String) -> ClassifiedError {
+    ClassifiedError::new(class, "0A000", message)
+}
+
+/// Refuses what a streaming query cannot do. `plan` must read at least one stream.
+pub fn check_streaming_plan(plan: &LogicalPlan) -> Result<(), ClassifiedError> {
+    let mut error = None;
+    let _ = plan.apply(|node| {
+        if !is_streaming(node) {
+            return Ok(TreeNodeRecursion::Jump);
+        }
+        let problem = match node {
+            LogicalPlan::Limit(_) => Some(refuse(
+                "UNSUPPORTED_STREAMING_OPERATION.LIMIT",
+                "LIMIT is not supported on a streaming query: a stream has no end to count to. \
+                 Remove the LIMIT, or bound the input (rowsPerBatch, maxRowsPerTrigger) instead."
+                    .into(),
+            )),
+            LogicalPlan::Sort(_) => Some(refuse(
+                "UNSUPPORTED_STREAMING_OPERATION.SORT",
+                "ORDER BY is not supported on a streaming query (Spark allows it only after an \
+                 aggregation in complete output mode). Sort when you read the sink's output."
+                    .into(),
+            )),
+            LogicalPlan::Aggregate(_) | LogicalPlan::Distinct(_) => Some(refuse(
+                "UNSUPPORTED_STREAMING_OPERATION.AGGREGATION",
+                "Aggregations (GROUP BY, DISTINCT, aggregate functions) over a stream need \
+                 stateful streaming operators, which this version of weir does not have yet. \
+                 Aggregate a static table, or aggregate the sink's output in a batch query."
+                    .into(),
+            )),
+            LogicalPlan::Window(_) => Some(refuse(
+                "UNSUPPORTED_STREAMING_OPERATION.WINDOW_FUNCTION",
+                "Window functions (OVER ...) are not supported on a streaming query; Spark refuses \
+                 them too (\"Non-time-based windows are not supported on streaming DataFrames\")."
+                    .into(),
+            )),
+            LogicalPlan::RecursiveQuery(_) => Some(refuse(
+                "UNSUPPORTED_STREAMING_OPERATION.RECURSIVE_QUERY",
+                "Recursive queries are not supported on a stream.".into(),
+            )),
+            LogicalPlan::Union(u) => {
+                let streaming = u.inputs.iter().filter(|i| is_streaming(i)).count();
+                (streaming != u.inputs.len()).then(|| {
+                    refuse(
+                        "UNSUPPORTED_STREAMING_OPERATION.UNION_WITH_STATIC",
+                        "UNION of a stream with a static table is not supported (as in Spark): \
+                         every input of the UNION must be a stream."
+                            .into(),
+                    )
+                })
+            }
+            LogicalPlan::Join(j) => {
+                let (l, r) = (is_streaming(&j.left), is_streaming(&j.right));
+                if l && r {
+                    Some(refuse(
+                        "UNSUPPORTED_STREAMING_OPERATION.STREAM_STREAM_JOIN",
+                        "Joining two streams needs the stateful stream-stream join, which this \
+                         version of weir does not have yet. Join a stream with a static table."
+                            .into(),
+                    ))
+                } else {
+                    let ok = match j.join_type {
+                        JoinType::Inner => true,
+                        JoinType::Left | JoinType::LeftSemi | JoinType::LeftAnti | JoinType::LeftMark => l,
+                        JoinType::Right | JoinType::RightSemi | JoinType::RightAnti | JoinType::RightMark => r,
+                        JoinType::Full => false,
+                    };
+                    (!ok).then(|| {
+                        refuse(
+                            "UNSUPPORTED_STREAMING_OPERATION.STREAM_STATIC_JOIN",
+                            format!(
+                                "A {} join with the stream on the {} side is not supported: the \
+                                 static side's unmatched rows would have to wait for the end of an \
+                                 endless stream. Use an inner join, or an outer join that keeps the \
+                                 stream's side.",
+                                j.join_type,
+                                if l { "left" } else { "right" }
+                            ),
+                        )
+                    })
+                }
+            }
+            _ => None,
+        };
+        if let Some(p) = problem {
+            error = Some(p);
+            return Ok(TreeNodeRecursion::Stop);
+        }
+        Ok(TreeNodeRecursion::Continue)
+    });
+    match error {
+        Some(e) => Err(e),
+        None => Ok(()),
+    }
+}

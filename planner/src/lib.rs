@@ -1,0 +1,22 @@
+//! weir's planner: everything between SQL text (or a DataFrame) and a plan the engine can run
+//! one micro-batch at a time.
+//!
+//! - [`statement`]: weir's statements on top of DataFusion's dialect (`CREATE STREAMING TABLE`,
+//!   `INSERT INTO` a streaming table) and the `STREAM` keyword.
+//! - [`relation`]: a DataFusion `RelationPlanner` that turns `STREAM rate(rowsPerSecond => 10)`
+//!   or `STREAM events` into a scan of a [`StreamingTable`].
+//! - [`StreamingTable`]: the table behind every streaming scan; per micro-batch the engine
+//!   puts that batch's rows into it before planning the physical plan.
+//! - [`analysis`]: which scans are streaming, and which operations a streaming plan may not
+//!   contain (refused before anything runs).
+//! - [`sink_table`]: reading a weir file sink's output directory through its manifest.
+
+pub mod analysis;
+pub mod relation;
+pub mod sink_table;
+pub mod statement;
+mod table;
+
+pub use analysis::{check_streaming_plan, is_streaming, streaming_tables, with_fresh_streaming_tables};
+pub use relation::{StreamCatalog, StreamRelationPlanner};
+pub use table::StreamingTable;

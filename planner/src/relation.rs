@@ -1,0 +1,231 @@
+//! Planning streaming relations in SQL: `STREAM rate(rowsPerSecond => 10)`,
+//! `STREAM(rate_micro_batch(rowsPerBatch => 5))`, `rate(...)` (a source format is always a
+//! stream) and `STREAM events` (a stream registered by name, e.g. a memory stream).
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, RwLock};
+
+use datafusion::common::DataFusionError;
+use datafusion::datasource::provider_as_source;
+use datafusion::error::Result;
+use datafusion::logical_expr::LogicalPlanBuilder;
+use datafusion::logical_expr::planner::{
+    PlannedRelation, RelationPlanner, RelationPlannerContext, RelationPlanning,
+};
+use datafusion::sql::sqlparser::ast::{
+    Expr as SqlExpr, FunctionArg, FunctionArgExpr, FunctionArguments, ObjectName, TableAlias,
+    TableFactor, UnaryOperator, Value,
+};
+use weir_common::{ClassifiedError, Options};
+use weir_sources::{SourceProvider, SourceRegistry};
+
+use crate::StreamingTable;
+
+/// The streams a session knows: source formats by name and streams registered by name.
+#[derive(Debug, Default)]
+pub struct StreamCatalog {
+    formats: RwLock<SourceRegistry>,
+    named: RwLock<BTreeMap<String, Arc<dyn SourceProvider>>>,
+}
+
+fn user(e: ClassifiedError) -> DataFusionError {
+    DataFusionError::External(Box::new(e))
+}
+
+fn source_err(e: weir_sources::Error) -> DataFusionError {
+    DataFusionError::External(Box::new(e))
+}
+
+impl StreamCatalog {
+    /// A catalog with the formats of `registry` and no named streams.
+    pub fn new(registry: SourceRegistry) -> Self {
+        Self {
+            formats: RwLock::new(registry),
+            named: RwLock::new(BTreeMap::new()),
+        }
+    }
+
+    /// Registers `source` under `name` (case-insensitive), readable as `STREAM name`.
+    pub fn register_stream(&self, name: &str, source: Arc<dyn SourceProvider>) {
+        if let Ok(mut named) = self.named.write() {
+            named.insert(name.to_ascii_lowercase(), source);
+        }
+    }
+
+    /// The stream registered under `name`.
+    pub fn stream(&self, name: &str) -> Option<Arc<dyn SourceProvider>> {
+        self.named.read().ok()?.get(&name.to_ascii_lowercase()).cloned()
+    }
+
+    /// Whether `name` is a source format (`rate`, `rate_micro_batch`, ...).
+    pub fn is_format(&self, name: &str) -> bool {
+        self.formats.read().is_ok_and(|f| f.contains(name))
+    }
+
+    /// Creates a source of `format` with `options`.
+    pub fn create_source(&self, format: &str, options: &Options) -> weir_sources::Result<Arc<dyn SourceProvider>> {
+        let formats = self.formats.read().map_err(|_| {
+            ClassifiedError::new("INTERNAL_ERROR", "XX000", "source registry lock poisoned")
+        })?;
+        formats.create(format, options)
+    }
+
+    /// Adds a source format.
+    pub fn register_format(&self, name: &str, factory: weir_sources::SourceFactory) {
+        if let Ok(mut f) = self.formats.write() {
+            f.register(name, factory);
+        }
+    }
+}
+
+/// The DataFusion relation planner for streaming relations.
+#[derive(Debug)]
+pub struct StreamRelationPlanner {
+    catalog: Arc<StreamCatalog>,
+}
+
+impl StreamRelationPlanner {
+    /// A planner resolving streams in `catalog`.
+    pub fn new(catalog: Arc<StreamCatalog>) -> Self {
+        Self { catalog }
+    }
+
+    fn planned(&self, name: &str, source: Arc<dyn SourceProvider>, alias: Option<TableAlias>) -> Result<RelationPlanning> {
+        let table = StreamingTable::new(name, source);
+        let plan = LogicalPlanBuilder::scan(name, provider_as_source(Arc::new(table)), None)?.build()?;
+        Ok(RelationPlanning::Planned(Box::new(PlannedRelation::new(plan, alias))))
+    }
+
+    fn plan_source_call(&self, format: &str, args: &[FunctionArg], alias: Option<TableAlias>) -> Result<RelationPlanning> {
+        let options = options_from_args(format, args).map_err(user)?;
+        let source = self
+            .catalog
+            .create_source(format, &options)
+            .map_err(source_err)?;
+        self.planned(format, source, alias)
+    }
+
+    fn plan_named(&self, name: &str, alias: Option<TableAlias>) -> Result<RelationPlanning> {
+        match self.catalog.stream(name) {
+            Some(source) => self.planned(name, source, alias),
+            None => Err(user(ClassifiedError::new(
+                "STREAM_NOT_FOUND",
+                "42P01",
+                format!(
+                    "There is no stream named '{name}'. Register one first (e.g. a memory \
+                     stream from Rust), or read a source format: STREAM rate(rowsPerSecond => 10)."
+                ),
+            ))),
+        }
+    }
+}
+
+fn last_name(name: &ObjectName) -> String {
+    name.0
+        .last()
+        .and_then(|p| p.as_ident())
+        .map(|i| i.value.clone())
+        .unwrap_or_default()
+}
+
+impl RelationPlanner for StreamRelationPlanner {
+    fn plan_relation(&self, relation: TableFactor, _ctx: &mut dyn RelationPlannerContext) -> Result<RelationPlanning> {
+        let TableFactor::Table {
+            name,
+            args: Some(args),
+            alias,
+            ..
+        } = &relation
+        else {
+            return Ok(RelationPlanning::Original(Box::new(relation)));
+        };
+        let fname = last_name(name);
+        if fname.eq_ignore_ascii_case("stream") {
+            return match args.args.as_slice() {
+                [FunctionArg::Unnamed(FunctionArgExpr::Expr(expr))] => match expr {
+                    SqlExpr::Function(f) => {
+                        let inner_args = match &f.args {
+                            FunctionArguments::List(list) => list.args.clone(),
+                            FunctionArguments::None => vec![],
+                            FunctionArguments::Subquery(_) => {
+                                return Err(user(ClassifiedError::new(
+                                    "INVALID_STREAM_RELATION",
+                                    "42601",
+                                    "STREAM takes a source call or a stream name, not a subquery.",
+                                )));
+                            }
+                        };
+                        self.plan_source_call(&last_name(&f.name), &inner_args, alias.clone())
+                    }
+                    SqlExpr::Identifier(id) => self.plan_named(&id.value, alias.clone()),
+                    SqlExpr::CompoundIdentifier(ids) => {
+                        let id = ids.last().map(|i| i.value.clone()).unwrap_or_default();
+                        self.plan_named(&id, alias.clone())
+                    }
+                    other => Err(user(ClassifiedError::new(
+                        "INVALID_STREAM_RELATION",
+                        "42601",
+                        format!(
+                            "STREAM takes a source call such as rate(rowsPerSecond => 10) or a \
+                             stream name, not '{other}'."
+                        ),
+                    ))),
+                },
+                _ => Err(user(ClassifiedError::new(
+                    "INVALID_STREAM_RELATION",
+                    "42601",
+                    "STREAM takes exactly one source call or stream name.",
+                ))),
+            };
+        }
+        if self.catalog.is_format(&fname) {
+            return self.plan_source_call(&fname, &args.args, alias.clone());
+        }
+        Ok(RelationPlanning::Original(Box::new(relation)))
+    }
+}
+
+/// Turns `rate(rowsPerSecond => 10, rampUpTime => '5 seconds')` arguments into options.
+fn options_from_args(format: &str, args: &[FunctionArg]) -> Result<Options, ClassifiedError> {
+    let mut options = Options::new();
+    for arg in args {
+        let (name, value) = match arg {
+            FunctionArg::Named {
+                name,
+                arg: FunctionArgExpr::Expr(e),
+                ..
+            } => (name.value.clone(), e),
+            FunctionArg::ExprNamed {
+                name: SqlExpr::Identifier(name),
+                arg: FunctionArgExpr::Expr(e),
+                ..
+            } => (name.value.clone(), e),
+            other => {
+                return Err(ClassifiedError::invalid_option(format!(
+                    "Options of the {format} source are named: write {format}(option => value, ...), \
+                     not '{other}'."
+                )));
+            }
+        };
+        options.set(name, literal_text(value));
+    }
+    Ok(options)
+}
+
+/// The text of an option value: numbers and booleans as written, strings without quotes.
+fn literal_text(e: &SqlExpr) -> String {
+    match e {
+        SqlExpr::Value(v) => match &v.value {
+            Value::SingleQuotedString(s) | Value::DoubleQuotedString(s) => s.clone(),
+            Value::Number(n, _) => n.to_string(),
+            Value::Boolean(b) => b.to_string(),
+            other => other.to_string(),
+        },
+        SqlExpr::UnaryOp {
+            op: UnaryOperator::Minus,
+            expr,
+        } => format!("-{}", literal_text(expr)),
+        SqlExpr::Identifier(id) => id.value.clone(),
+        other => other.to_string().replace('\'', ""),
+    }
+}

@@ -1,0 +1,349 @@
+//! File sinks (`parquet`, `csv`, `json`): each micro-batch's rows go to new part files in the
+//! output directory, then a manifest entry `_weir_metadata/<batchId>` listing them is written
+//! create-only. The entry is the commit: a reader (weir's batch SQL over the directory) sees
+//! only files listed in the manifest, and a re-delivered batch whose entry exists is skipped,
+//! so output is exactly-once. Part files of an attempt that crashed before its entry was
+//! written are never listed, hence never read.
+
+use std::any::Any;
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use arrow::datatypes::{Schema, SchemaRef};
+use arrow::record_batch::RecordBatch;
+use async_trait::async_trait;
+use bytes::Bytes;
+use parquet::arrow::ArrowWriter;
+use parquet::basic::{Compression, GzipLevel, ZstdLevel};
+use parquet::file::properties::WriterProperties;
+use serde::{Deserialize, Serialize};
+use weir_common::location::Created;
+use weir_common::{ClassifiedError, Location, Options};
+
+use crate::{Error, OutputMode, Result, Sink};
+
+/// Folder of the manifest log inside the output directory.
+pub const MANIFEST_DIR: &str = "_weir_metadata";
+
+/// The file formats a file sink writes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum FileFormat {
+    /// Apache Parquet.
+    Parquet,
+    /// Comma-separated values.
+    Csv,
+    /// Newline-delimited JSON.
+    Json,
+}
+
+impl FileFormat {
+    /// The format's name and file extension.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Self::Parquet => "parquet",
+            Self::Csv => "csv",
+            Self::Json => "json",
+        }
+    }
+
+    fn accepted_options(&self) -> &'static [&'static str] {
+        match self {
+            Self::Parquet => &["path", "compression"],
+            Self::Csv => &["path", "header", "delimiter"],
+            Self::Json => &["path"],
+        }
+    }
+}
+
+/// Writes each batch as files plus a manifest entry.
+#[derive(Debug)]
+pub struct FileSink {
+    location: Location,
+    format: FileFormat,
+    options: BTreeMap<String, String>,
+    compression: Compression,
+    header: bool,
+    delimiter: u8,
+}
+
+impl FileSink {
+    /// Opens a file sink writing `format` into `path` (local path or `file://` URL).
+    pub fn try_new(format: FileFormat, path: &str, options: &Options) -> Result<Self> {
+        let what = format!("{} sink", format.name());
+        let r = options.reader(&what, format.accepted_options());
+        r.check_known()?;
+        let compression = match r.string("compression").map(|c| c.to_ascii_lowercase()).as_deref() {
+            None | Some("snappy") => Compression::SNAPPY,
+            Some("none") | Some("uncompressed") => Compression::UNCOMPRESSED,
+            Some("zstd") => Compression::ZSTD(ZstdLevel::default()),
+            Some("gzip") => Compression::GZIP(GzipLevel::default()),
+            Some("lz4") => Compression::LZ4_RAW,
+            Some(other) => {
+                return Err(ClassifiedError::invalid_option(format!(
+                    "Invalid value '{other}' for option 'compression' of the parquet sink: \
+                     expected one of snappy, zstd, gzip, lz4, none."
+                ))
+                .into());
+            }
+        };
+        let delimiter = match r.string("delimiter") {
+            None => b',',
+            Some(d) if d.len() == 1 => d.as_bytes()[0],
+            Some(d) => {
+                return Err(ClassifiedError::invalid_option(format!(
+                    "Invalid value '{d}' for option 'delimiter' of the csv sink: expected a single character."
+                ))
+                .into());
+            }
+        };
+        let header = r.bool("header", false)?;
+        let mut kept = BTreeMap::new();
+        if format == FileFormat::Csv {
+            kept.insert("header".to_string(), header.to_string());
+            kept.insert("delimiter".to_string(), (delimiter as char).to_string());
+        }
+        Ok(Self {
+            location: Location::parse(path)?,
+            format,
+            options: kept,
+            compression,
+            header,
+            delimiter,
+        })
+    }
+
+    /// The output directory.
+    pub fn location(&self) -> &Location {
+        &self.location
+    }
+
+    fn encode(&self, schema: &SchemaRef, batches: &[RecordBatch]) -> Result<Vec<u8>> {
+        let mut buf = Vec::new();
+        match self.format {
+            FileFormat::Parquet => {
+                let props = WriterProperties::builder()
+                    .set_compression(self.compression)
+                    .build();
+                let mut w = ArrowWriter::try_new(&mut buf, Arc::clone(schema), Some(props))?;
+                for b in batches {
+                    w.write(b)?;
+                }
+                w.close()?;
+            }
+            FileFormat::Csv => {
+                let mut w = arrow::csv::WriterBuilder::new()
+                    .with_header(self.header)
+                    .with_delimiter(self.delimiter)
+                    .build(&mut buf);
+                for b in batches {
+                    w.write(b)?;
+                }
+            }
+            FileFormat::Json => {
+                let mut w = arrow::json::LineDelimitedWriter::new(&mut buf);
+                for b in batches {
+                    w.write(b)?;
+                }
+                w.finish()?;
+            }
+        }
+        Ok(buf)
+    }
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct EntryHeader {
+    batch_id: u64,
+    format: FileFormat,
+    options: BTreeMap<String, String>,
+    schema: Schema,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+struct EntryFile {
+    path: String,
+    rows: u64,
+    size: u64,
+}
+
+#[async_trait]
+impl Sink for FileSink {
+    fn description(&self) -> String {
+        format!("FileSink[{}, {}]", self.format.name(), self.location.display())
+    }
+
+    fn is_idempotent(&self) -> bool {
+        true
+    }
+
+    fn supported_output_modes(&self) -> &'static [OutputMode] {
+        &[OutputMode::Append]
+    }
+
+    async fn add_batch(&self, batch_id: u64, schema: SchemaRef, batches: Vec<RecordBatch>) -> Result<()> {
+        let entry = format!("{MANIFEST_DIR}/{batch_id}");
+        if self.location.exists(&entry).await? {
+            tracing::info!(batch_id, "file sink already holds this batch; skipping the replay");
+            return Ok(());
+        }
+        let rows: usize = batches.iter().map(|b| b.num_rows()).sum();
+        let mut files = vec![];
+        if rows > 0 {
+            let bytes = self.encode(&schema, &batches)?;
+            let name = format!(
+                "part-{batch_id:05}-{}.{}",
+                uuid::Uuid::new_v4(),
+                self.format.name()
+            );
+            let size = bytes.len() as u64;
+            self.location.put(&name, Bytes::from(bytes)).await?;
+            files.push(EntryFile {
+                path: name,
+                rows: rows as u64,
+                size,
+            });
+        }
+        let header = EntryHeader {
+            batch_id,
+            format: self.format,
+            options: self.options.clone(),
+            schema: schema.as_ref().clone(),
+        };
+        let mut text = String::from("v1\n");
+        text += &serde_json::to_string(&header).map_err(internal)?;
+        for f in &files {
+            text.push('\n');
+            text += &serde_json::to_string(f).map_err(internal)?;
+        }
+        if self.location.put_if_absent(&entry, Bytes::from(text)).await? == Created::AlreadyExisted {
+            // Another writer committed this batch first; our part file is an orphan no reader
+            // will see.
+            tracing::warn!(batch_id, "file sink manifest entry appeared concurrently; keeping the first");
+        }
+        Ok(())
+    }
+
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+}
+
+fn internal(e: serde_json::Error) -> Error {
+    ClassifiedError::new("INTERNAL_ERROR", "XX000", format!("cannot encode a manifest entry: {e}")).into()
+}
+
+/// What a file sink's manifest says: the committed files and how to read them.
+#[derive(Debug, Clone)]
+pub struct SinkManifest {
+    /// The format of every file.
+    pub format: FileFormat,
+    /// Format options the files were written with (e.g. csv `header`).
+    pub options: BTreeMap<String, String>,
+    /// The schema of the newest batch.
+    pub schema: SchemaRef,
+    /// Paths of the committed files, relative to the output directory, in batch order.
+    pub files: Vec<String>,
+    /// The newest committed batch.
+    pub latest_batch_id: u64,
+}
+
+/// Reads the manifest of a file sink's output directory; `None` if it has none (not a weir
+/// sink directory, or no batch committed yet).
+pub async fn read_manifest(location: &Location) -> Result<Option<SinkManifest>> {
+    let mut ids: Vec<u64> = location
+        .list_files(MANIFEST_DIR)
+        .await?
+        .into_iter()
+        .filter_map(|(name, _)| name.parse().ok())
+        .collect();
+    ids.sort_unstable();
+    let mut out: Option<SinkManifest> = None;
+    for id in ids {
+        let rel = format!("{MANIFEST_DIR}/{id}");
+        let corrupt = |why: &str| {
+            Error::Corrupt(format!(
+                "The file sink manifest entry '{}/{rel}' {why}. Restore it from a backup, or \
+                 delete it together with the files of batch {id} and restart the query.",
+                location.display()
+            ))
+        };
+        let Some(bytes) = location.get(&rel).await? else {
+            continue;
+        };
+        let text = std::str::from_utf8(&bytes).map_err(|_| corrupt("is not text"))?;
+        let mut lines = text.lines();
+        match lines.next() {
+            Some("v1") => {}
+            Some(v) if v.starts_with('v') => {
+                return Err(corrupt(&format!("has version '{v}', newer than this weir reads (v1)")));
+            }
+            _ => return Err(corrupt("has no version header")),
+        }
+        let header: EntryHeader = lines
+            .next()
+            .and_then(|l| serde_json::from_str(l).ok())
+            .ok_or_else(|| corrupt("has no readable header line"))?;
+        let files = lines
+            .map(|l| serde_json::from_str::<EntryFile>(l).map(|f| f.path))
+            .collect::<std::result::Result<Vec<_>, _>>()
+            .map_err(|_| corrupt("has an unreadable file line"))?;
+        let m = out.get_or_insert_with(|| SinkManifest {
+            format: header.format,
+            options: header.options.clone(),
+            schema: Arc::new(header.schema.clone()),
+            files: vec![],
+            latest_batch_id: id,
+        });
+        m.files.extend(files);
+        m.schema = Arc::new(header.schema);
+        m.latest_batch_id = id;
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use arrow::array::Int64Array;
+    use arrow::datatypes::{DataType, Field};
+
+    use super::*;
+
+    #[tokio::test]
+    async fn a_replayed_batch_is_skipped_and_the_manifest_lists_committed_files_only() {
+        let dir = tempfile::tempdir().unwrap();
+        let schema = Arc::new(Schema::new(vec![Field::new("v", DataType::Int64, false)]));
+        let rows = |v: Vec<i64>| {
+            vec![RecordBatch::try_new(Arc::clone(&schema), vec![Arc::new(Int64Array::from(v))]).unwrap()]
+        };
+        let sink = FileSink::try_new(FileFormat::Parquet, dir.path().to_str().unwrap(), &Options::new()).unwrap();
+        sink.add_batch(0, Arc::clone(&schema), rows(vec![1, 2])).await.unwrap();
+        // An orphan file from a crashed attempt of batch 1: not in the manifest.
+        std::fs::write(dir.path().join("part-00001-orphan.parquet"), b"junk").unwrap();
+        sink.add_batch(1, Arc::clone(&schema), rows(vec![3])).await.unwrap();
+        sink.add_batch(1, Arc::clone(&schema), rows(vec![3])).await.unwrap();
+        sink.add_batch(2, Arc::clone(&schema), rows(vec![])).await.unwrap();
+        let m = read_manifest(sink.location()).await.unwrap().unwrap();
+        assert_eq!(m.files.len(), 2);
+        assert!(m.files.iter().all(|f| !f.contains("orphan")));
+        assert_eq!(m.latest_batch_id, 2);
+        let parquet_files = std::fs::read_dir(dir.path())
+            .unwrap()
+            .filter(|e| e.as_ref().unwrap().file_name().to_string_lossy().ends_with(".parquet"))
+            .count();
+        assert_eq!(parquet_files, 3, "two committed files and the orphan; the replay wrote none");
+    }
+
+    #[test]
+    fn an_unknown_option_names_the_accepted_ones() {
+        let dir = tempfile::tempdir().unwrap();
+        let err = FileSink::try_new(
+            FileFormat::Csv,
+            dir.path().to_str().unwrap(),
+            &Options::new().with("headr", "true"),
+        )
+        .unwrap_err();
+        assert!(err.to_string().contains("path, header, delimiter"), "{err}");
+    }
+}

@@ -1,0 +1,92 @@
+//! weir's streaming sinks.
+//!
+//! The engine hands a [`Sink`] the output of each micro-batch with its batch ID. A sink that
+//! promises exactly-once ([`Sink::is_idempotent`]) must make a re-delivered batch ID change
+//! nothing: after a crash the engine replays the last uncommitted batch and relies on that.
+//!
+//! Sinks are found by format name in a [`SinkRegistry`]; nothing outside this crate names a
+//! concrete sink, except the foreach-batch sink, which takes a Rust closure.
+
+mod console;
+mod error;
+mod file;
+mod foreach;
+mod memory;
+mod noop;
+mod registry;
+
+use std::any::Any;
+use std::fmt::{self, Debug};
+
+use arrow::datatypes::SchemaRef;
+use arrow::record_batch::RecordBatch;
+use async_trait::async_trait;
+use weir_common::ClassifiedError;
+
+pub use console::ConsoleSink;
+pub use error::{Error, Result};
+pub use file::{FileFormat, FileSink, MANIFEST_DIR, SinkManifest, read_manifest};
+pub use foreach::{ForeachBatchFn, ForeachBatchSink};
+pub use memory::{MemorySink, MemorySinkData};
+pub use noop::NoopSink;
+pub use registry::{SinkFactory, SinkRegistry, SinkSpec};
+
+/// How the result of a streaming query is written (Spark's output modes).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum OutputMode {
+    /// Only new rows, each written once.
+    #[default]
+    Append,
+    /// The rows that changed in this batch.
+    Update,
+    /// The whole result, every batch.
+    Complete,
+}
+
+impl OutputMode {
+    /// Parses `append`, `update` or `complete` (any case).
+    pub fn parse(s: &str) -> Result<Self, ClassifiedError> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "append" => Ok(Self::Append),
+            "update" => Ok(Self::Update),
+            "complete" => Ok(Self::Complete),
+            _ => Err(ClassifiedError::new(
+                "STREAMING_OUTPUT_MODE.INVALID",
+                "42KDE",
+                format!("Unknown output mode '{s}'. Accepted output modes: append, update, complete."),
+            )),
+        }
+    }
+}
+
+impl fmt::Display for OutputMode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::Append => "Append",
+            Self::Update => "Update",
+            Self::Complete => "Complete",
+        })
+    }
+}
+
+/// Where the output of a streaming query goes.
+#[async_trait]
+pub trait Sink: Debug + Send + Sync {
+    /// Description shown in progress records (`sink.description`).
+    fn description(&self) -> String;
+
+    /// Whether re-delivering a batch ID changes nothing (exactly-once across restarts).
+    fn is_idempotent(&self) -> bool;
+
+    /// The output modes this sink accepts.
+    fn supported_output_modes(&self) -> &'static [OutputMode] {
+        &[OutputMode::Append, OutputMode::Update, OutputMode::Complete]
+    }
+
+    /// Writes the output of micro-batch `batch_id`.
+    async fn add_batch(&self, batch_id: u64, schema: SchemaRef, batches: Vec<RecordBatch>) -> Result<()>;
+
+    /// For downcasting to a concrete sink (e.g. the memory sink, whose table the session
+    /// registers).
+    fn as_any(&self) -> &dyn Any;
+}

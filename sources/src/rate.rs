@@ -1,0 +1,318 @@
+//! The `rate` source: `rowsPerSecond` rows every second (after an optional ramp-up), with
+//! columns `timestamp` and `value`, as Spark's rate source. Offsets are whole seconds since the
+//! query's first start, which is kept in the checkpoint so a restart continues the same
+//! sequence.
+
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use arrow::array::{Int64Array, TimestampMicrosecondArray};
+use arrow::datatypes::{DataType, Field, Schema, SchemaRef, TimeUnit};
+use arrow::record_batch::RecordBatch;
+use async_trait::async_trait;
+use bytes::Bytes;
+use weir_common::{ClassifiedError, Options};
+
+use crate::{
+    Error, MicroBatchStream, Offset, Partitions, ReadLimit, Result, SourceContext, SourceProvider,
+};
+
+/// Rows per generated record batch.
+pub(crate) const CHUNK_ROWS: usize = 1 << 17;
+
+/// The schema of the rate sources: `timestamp TIMESTAMP, value BIGINT`.
+pub(crate) fn rate_schema() -> SchemaRef {
+    Arc::new(Schema::new(vec![
+        Field::new(
+            "timestamp",
+            DataType::Timestamp(TimeUnit::Microsecond, Some("UTC".into())),
+            false,
+        ),
+        Field::new("value", DataType::Int64, false),
+    ]))
+}
+
+/// Builds partition `p` of `num_partitions` of the values `range_start..range_end`: the values
+/// `range_start + p`, stepping by `num_partitions`, each with the timestamp `ts_micros(v)`.
+pub(crate) fn generate_partition(
+    schema: &SchemaRef,
+    range_start: i64,
+    range_end: i64,
+    p: i64,
+    num_partitions: i64,
+    ts_micros: impl Fn(i64) -> i64,
+) -> Result<Vec<RecordBatch>> {
+    let first = range_start + p;
+    if first >= range_end {
+        return Ok(vec![]);
+    }
+    let count = (range_end - first + num_partitions - 1) / num_partitions;
+    let mut out = Vec::with_capacity(count as usize / CHUNK_ROWS + 1);
+    let mut i = 0i64;
+    while i < count {
+        let n = (count - i).min(CHUNK_ROWS as i64);
+        let values = Int64Array::from_iter_values((i..i + n).map(|k| first + k * num_partitions));
+        let ts = TimestampMicrosecondArray::from_iter_values(values.values().iter().map(|&v| ts_micros(v)))
+            .with_timezone("UTC");
+        out.push(RecordBatch::try_new(
+            Arc::clone(schema),
+            vec![Arc::new(ts), Arc::new(values)],
+        )?);
+        i += n;
+    }
+    Ok(out)
+}
+
+/// Definition of a `rate` source.
+#[derive(Debug, Clone)]
+pub struct RateSourceProvider {
+    rows_per_second: i64,
+    ramp_up_seconds: i64,
+    num_partitions: Option<i64>,
+    schema: SchemaRef,
+}
+
+const ACCEPTED: &[&str] = &["rowsPerSecond", "rampUpTime", "numPartitions"];
+
+impl RateSourceProvider {
+    /// Reads the options `rowsPerSecond` (default 1), `rampUpTime` (default 0 seconds) and
+    /// `numPartitions` (default: the number of cores).
+    pub fn try_new(options: &Options) -> Result<Self> {
+        let r = options.reader("rate source", ACCEPTED);
+        r.check_known()?;
+        let rows_per_second = r.int_at_least("rowsPerSecond", 1, 1)?;
+        let ramp_up = r.duration("rampUpTime", Duration::ZERO, Duration::from_secs(1))?;
+        let num_partitions = match options.get("numPartitions") {
+            None => None,
+            Some(_) => Some(r.int_at_least("numPartitions", 1, 1)?),
+        };
+        Ok(Self {
+            rows_per_second,
+            ramp_up_seconds: ramp_up.as_secs() as i64,
+            num_partitions,
+            schema: rate_schema(),
+        })
+    }
+}
+
+#[async_trait]
+impl SourceProvider for RateSourceProvider {
+    fn format(&self) -> &str {
+        "rate"
+    }
+
+    fn schema(&self) -> SchemaRef {
+        Arc::clone(&self.schema)
+    }
+
+    async fn open(&self, ctx: SourceContext) -> Result<Box<dyn MicroBatchStream>> {
+        let start_time_ms = read_or_write_start_time(&ctx).await?;
+        Ok(Box::new(RateStream {
+            def: self.clone(),
+            start_time_ms,
+            partitions: self
+                .num_partitions
+                .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get() as i64)),
+            latest: None,
+            available_now_target: None,
+        }))
+    }
+}
+
+/// The rate source remembers when the query first started (`sources/<i>/0`, `v1` then the
+/// epoch milliseconds), so a restarted query continues the same sequence of values and
+/// timestamps.
+async fn read_or_write_start_time(ctx: &SourceContext) -> Result<i64> {
+    let corrupt = |why: &str| {
+        Error::Corrupt(format!(
+            "The rate source's start-time file '{}/0' in the checkpoint {why}. Restore it, or \
+             start the query with a new checkpoint location.",
+            ctx.metadata.display()
+        ))
+    };
+    let parse = |bytes: &[u8]| -> Result<i64> {
+        let text = std::str::from_utf8(bytes).map_err(|_| corrupt("is not text"))?;
+        let mut lines = text.lines();
+        match lines.next() {
+            Some("v1") => {}
+            Some(v) if v.starts_with('v') => {
+                return Err(corrupt(&format!(
+                    "has format version '{v}', newer than this weir understands (v1)"
+                )));
+            }
+            _ => return Err(corrupt("has no version header")),
+        }
+        lines
+            .next()
+            .and_then(|l| l.trim().parse().ok())
+            .ok_or_else(|| corrupt("does not hold a start time"))
+    };
+    if let Some(bytes) = ctx.metadata.get("0").await? {
+        return parse(&bytes);
+    }
+    let now = now_ms();
+    ctx.metadata
+        .put_if_absent("0", Bytes::from(format!("v1\n{now}")))
+        .await?;
+    // Read back: if another writer won the race, its time is the one that counts.
+    match ctx.metadata.get("0").await? {
+        Some(bytes) => parse(&bytes),
+        None => Err(corrupt("vanished right after it was written")),
+    }
+}
+
+pub(crate) fn now_ms() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64)
+}
+
+/// The number of values generated in the first `seconds` seconds, with a linear ramp-up of
+/// `ramp_up` seconds to `rows_per_second` (Spark's `valueAtSecond`).
+pub(crate) fn value_at_second(seconds: i64, rows_per_second: i64, ramp_up: i64) -> i64 {
+    let speed_delta_per_second = rows_per_second / (ramp_up + 1);
+    if seconds <= ramp_up {
+        if seconds % 2 == 1 {
+            (seconds + 1) / 2 * speed_delta_per_second * seconds
+        } else {
+            seconds / 2 * speed_delta_per_second * (seconds + 1)
+        }
+    } else {
+        let ramp_up_part = value_at_second(ramp_up, rows_per_second, ramp_up);
+        ramp_up_part + (seconds - ramp_up) * rows_per_second
+    }
+}
+
+struct RateStream {
+    def: RateSourceProvider,
+    start_time_ms: i64,
+    partitions: i64,
+    latest: Option<i64>,
+    available_now_target: Option<i64>,
+}
+
+impl RateStream {
+    fn seconds(offset: &Offset) -> Result<i64> {
+        offset.as_long().ok_or_else(|| {
+            Error::Corrupt(format!(
+                "The offsets log holds '{offset}' for a rate source, which expects a number of \
+                 seconds. Restore the offsets file or use a new checkpoint location."
+            ))
+        })
+    }
+}
+
+#[async_trait]
+impl MicroBatchStream for RateStream {
+    fn description(&self) -> String {
+        format!(
+            "RateStreamV2[rowsPerSecond={}, rampUpTimeSeconds={}, numPartitions={}",
+            self.def.rows_per_second,
+            self.def.ramp_up_seconds,
+            self.def
+                .num_partitions
+                .map_or("default".to_string(), |n| n.to_string())
+        )
+    }
+
+    fn initial_offset(&self) -> Offset {
+        Offset::long(0)
+    }
+
+    async fn latest_offset(&mut self, start: &Offset, _limit: ReadLimit) -> Result<Offset> {
+        let start = Self::seconds(start)?;
+        let elapsed = ((now_ms() - self.start_time_ms) / 1000).max(start);
+        self.latest = Some(elapsed);
+        let end = self.available_now_target.map_or(elapsed, |t| elapsed.min(t).max(start));
+        Ok(Offset::long(end))
+    }
+
+    fn reported_latest_offset(&self) -> Option<Offset> {
+        self.latest.map(Offset::long)
+    }
+
+    async fn get_batch(&mut self, start: &Offset, end: &Offset) -> Result<Partitions> {
+        let (start_s, end_s) = (Self::seconds(start)?, Self::seconds(end)?);
+        if end_s < start_s {
+            return Err(ClassifiedError::new(
+                "INTERNAL_ERROR",
+                "XX000",
+                format!("rate source asked for seconds {start_s}..{end_s}, which run backwards"),
+            )
+            .into());
+        }
+        let (rps, ramp) = (self.def.rows_per_second, self.def.ramp_up_seconds);
+        let range_start = value_at_second(start_s, rps, ramp);
+        let range_end = value_at_second(end_s, rps, ramp);
+        let local_start_ms = self.start_time_ms + start_s * 1000;
+        let ms_per_value = if range_end > range_start {
+            ((end_s - start_s) * 1000) as f64 / (range_end - range_start) as f64
+        } else {
+            0.0
+        };
+        let ts = |v: i64| (local_start_ms + ((v - range_start) as f64 * ms_per_value).round() as i64) * 1000;
+        (0..self.partitions)
+            .map(|p| generate_partition(&self.def.schema, range_start, range_end, p, self.partitions, ts))
+            .collect()
+    }
+
+    async fn prepare_for_available_now(&mut self, start: &Offset) -> Result<Offset> {
+        let start = Self::seconds(start)?;
+        let target = ((now_ms() - self.start_time_ms) / 1000).max(start);
+        self.available_now_target = Some(target);
+        Ok(Offset::long(target))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn value_at_second_ramps_up_linearly_then_runs_at_the_rate() {
+        // rampUpTime 4 s to 10 rows/s: speeds 0 2 4 6 8 10 10 -> ends 0 2 6 12 20 30 40.
+        let ends: Vec<i64> = (0..7).map(|s| value_at_second(s, 10, 4)).collect();
+        assert_eq!(ends, vec![0, 2, 6, 12, 20, 30, 40]);
+        assert_eq!(value_at_second(3, 100, 0), 300);
+    }
+
+    #[test]
+    fn options_are_checked() {
+        assert!(RateSourceProvider::try_new(&Options::new().with("rowsPerSecond", "0")).is_err());
+        assert!(RateSourceProvider::try_new(&Options::new().with("rampUpTime", "later")).is_err());
+        let p = RateSourceProvider::try_new(&Options::new().with("rampUpTime", "5s")).unwrap();
+        assert_eq!(p.ramp_up_seconds, 5);
+    }
+
+    #[tokio::test]
+    async fn a_batch_holds_each_value_once_spread_over_partitions_with_timestamps_in_its_seconds() {
+        let dir = tempfile::tempdir().unwrap();
+        let ctx = SourceContext {
+            metadata: weir_common::Location::local(dir.path()).unwrap(),
+        };
+        let def = RateSourceProvider::try_new(
+            &Options::new().with("rowsPerSecond", "10").with("numPartitions", "3"),
+        )
+        .unwrap();
+        let mut s = def.open(ctx.clone()).await.unwrap();
+        let start_file = std::fs::read_to_string(dir.path().join("0")).unwrap();
+        let start_ms: i64 = start_file.strip_prefix("v1\n").unwrap().parse().unwrap();
+        let parts = s.get_batch(&Offset::long(1), &Offset::long(3)).await.unwrap();
+        assert_eq!(parts.len(), 3);
+        let mut values: Vec<i64> = vec![];
+        for b in parts.iter().flatten() {
+            let v = b.column(1).as_any().downcast_ref::<Int64Array>().unwrap();
+            let t = b.column(0).as_any().downcast_ref::<TimestampMicrosecondArray>().unwrap();
+            for i in 0..b.num_rows() {
+                values.push(v.value(i));
+                let rel_ms = t.value(i) / 1000 - start_ms;
+                assert!((1000..3000).contains(&rel_ms), "timestamp {rel_ms} ms outside seconds 1..3");
+            }
+        }
+        values.sort();
+        assert_eq!(values, (10..30).collect::<Vec<_>>());
+        // The start time is kept: opening again (a restart) does not rewrite it.
+        let _again = def.open(ctx).await.unwrap();
+        assert_eq!(std::fs::read_to_string(dir.path().join("0")).unwrap(), start_file);
+    }
+}
