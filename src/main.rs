@@ -1,1 +1,189 @@
-fn main() {}
+//! The `weir` command line: run streaming SQL, benchmark workloads.
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+
+use anyhow::Context;
+use clap::{Parser, Subcommand};
+use weir::bench::{BenchConfig, run_bench};
+use weir::{
+    QueryProgressEvent, ScriptOptions, StatementResult, StreamingQueryListener, Trigger, WeirSession,
+};
+
+#[derive(Parser)]
+#[command(name = "weir", version, about = "Streaming SQL, micro-batch by micro-batch, exactly-once")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run a SQL script; streaming queries run until stopped (Ctrl-C), done, or --max-batches.
+    Run {
+        /// The SQL file to run.
+        file: Option<PathBuf>,
+        /// SQL text to run instead of a file.
+        #[arg(short = 'e', long = "execute")]
+        execute: Option<String>,
+        /// Checkpoint location of the streaming query.
+        #[arg(long)]
+        checkpoint: Option<String>,
+        /// Trigger: default, once, availableNow, processingTime=<interval>.
+        #[arg(long)]
+        trigger: Option<String>,
+        /// Stop each streaming query after this many batches.
+        #[arg(long)]
+        max_batches: Option<u64>,
+        /// Write every progress record as one JSON line to this file (`-` = stdout).
+        #[arg(long)]
+        progress: Option<String>,
+    },
+    /// Run a named benchmark workload into the noop sink.
+    Bench {
+        /// Workload: q1.
+        #[arg(long, default_value = "q1")]
+        workload: String,
+        /// Measured batches.
+        #[arg(long, default_value_t = 20)]
+        batches: u64,
+        /// Warm-up batches (not measured).
+        #[arg(long, default_value_t = 5)]
+        warmup: u64,
+        /// Rows per batch.
+        #[arg(long, default_value_t = 1_000_000)]
+        rows_per_batch: u64,
+        /// Partitions.
+        #[arg(long, default_value_t = 2)]
+        partitions: usize,
+        /// Print one JSON object instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+struct ProgressWriter(Mutex<Box<dyn Write + Send>>);
+
+impl StreamingQueryListener for ProgressWriter {
+    fn on_query_progress(&self, e: &QueryProgressEvent) {
+        if let Ok(mut w) = self.0.lock() {
+            let _ = writeln!(w, "{}", e.progress.json());
+            let _ = w.flush();
+        }
+    }
+}
+
+fn main() -> std::process::ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("WEIR_LOG")
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let cli = Cli::parse();
+    let rt = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("error: cannot start the runtime: {e}");
+            return std::process::ExitCode::FAILURE;
+        }
+    };
+    match rt.block_on(run(cli)) {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run(cli: Cli) -> anyhow::Result<()> {
+    match cli.command {
+        Command::Run {
+            file,
+            execute,
+            checkpoint,
+            trigger,
+            max_batches,
+            progress,
+        } => {
+            let sql = match (file, execute) {
+                (_, Some(sql)) => sql,
+                (Some(f), None) => std::fs::read_to_string(&f)
+                    .with_context(|| format!("cannot read the SQL file {}", f.display()))?,
+                (None, None) => anyhow::bail!("give a SQL file or -e 'SQL'"),
+            };
+            let session = WeirSession::new();
+            if let Some(p) = progress {
+                let w: Box<dyn Write + Send> = if p == "-" {
+                    Box::new(std::io::stdout())
+                } else {
+                    Box::new(
+                        std::fs::File::create(&p)
+                            .with_context(|| format!("cannot create the progress file {p}"))?,
+                    )
+                };
+                session
+                    .streams()
+                    .add_listener(Arc::new(ProgressWriter(Mutex::new(w))));
+            }
+            let opts = ScriptOptions {
+                checkpoint,
+                trigger: trigger.as_deref().map(Trigger::parse).transpose()?,
+                max_batches,
+                default_sink: None,
+            };
+            let results = session.run_script(&sql, &opts).await?;
+            let mut queries = vec![];
+            for r in results {
+                match r {
+                    StatementResult::Rows(rows) => {
+                        println!("{}", weir::datafusion::arrow::util::pretty::pretty_format_batches(&rows)?);
+                    }
+                    StatementResult::Query(q) => queries.push(q),
+                    StatementResult::Done => {}
+                }
+            }
+            if queries.is_empty() {
+                return Ok(());
+            }
+            let all = futures::future::join_all(queries.iter().map(|q| q.await_termination()));
+            tokio::select! {
+                results = all => {
+                    for r in results { r?; }
+                }
+                _ = tokio::signal::ctrl_c() => {
+                    for q in &queries { q.stop().await; }
+                }
+            }
+            // Give the listener thread a moment to flush the last progress lines.
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+            Ok(())
+        }
+        Command::Bench {
+            workload,
+            batches,
+            warmup,
+            rows_per_batch,
+            partitions,
+            json,
+        } => {
+            let report = run_bench(&BenchConfig {
+                workload,
+                batches,
+                warmup,
+                rows_per_batch,
+                partitions,
+            })
+            .await?;
+            if json {
+                println!("{}", serde_json::to_string(&report)?);
+            } else {
+                print!("{}", report.table());
+            }
+            Ok(())
+        }
+    }
+}

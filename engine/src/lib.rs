@@ -1,1 +1,32 @@
-//! weir-engine
+//! weir's engine: the micro-batch loop that runs a streaming query exactly-once, its
+//! checkpoint, the query handle and manager, progress records and listeners, and the
+//! embedding API (session, stream reader and writer, SQL scripts).
+//!
+//! Data flows: [`WeirSession`] plans SQL or a `DataFrame` (with `weir-planner`) →
+//! [`DataStreamWriter::start`] checks the plan, opens the sink and the [`Checkpoint`] →
+//! the execution loop runs one micro-batch at a time: source offsets → WAL → rows into the
+//! plan's streaming tables → DataFusion physical plan → sink → commit → progress event.
+
+pub mod checkpoint;
+mod error;
+mod execution;
+mod listener;
+mod memory_table;
+mod progress;
+mod query;
+mod script;
+mod session;
+mod trigger;
+
+pub use checkpoint::Checkpoint;
+pub use error::{Error, Result};
+pub use listener::{
+    QueryIdleEvent, QueryProgressEvent, QueryStartedEvent, QueryTerminatedEvent, StreamingQueryListener,
+};
+pub use memory_table::MemorySinkTable;
+pub use progress::{SinkProgress, SourceProgress, StreamingQueryProgress, format_timestamp};
+pub use query::{QueryStatus, StreamingQuery, StreamingQueryException, StreamingQueryManager};
+pub use script::{ScriptOptions, StatementResult};
+pub use session::{DataFrameStreamExt, DataStreamReader, DataStreamWriter, WeirSession};
+pub use trigger::Trigger;
+pub use weir_sinks::OutputMode;

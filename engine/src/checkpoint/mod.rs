@@ -1,0 +1,345 @@
+//! The checkpoint directory of a query and the logs in it.
+//!
+//! ```text
+//! <checkpoint>/metadata        {"id":"<query uuid>","weirCheckpointVersion":1}
+//! <checkpoint>/offsets/<N>     write-ahead log entry of batch N (see [`log`])
+//! <checkpoint>/commits/<N>     commit marker of batch N
+//! <checkpoint>/sources/<i>/    source-private files of the source at position i
+//! <checkpoint>/.weir-lock      held (flock) by the run that owns the checkpoint (local only)
+//! ```
+//!
+//! Every path is built here. What to replay and what to purge are pure functions in
+//! [`recovery`].
+
+pub mod log;
+pub mod recovery;
+
+use bytes::Bytes;
+use serde::{Deserialize, Serialize};
+use uuid::Uuid;
+use weir_common::Location;
+use weir_common::location::Created;
+
+pub use log::{BatchMetadata, CommitEntry, OffsetEntry, SourceRange};
+pub use recovery::{Resume, purge_below, resume_point};
+
+use crate::{Error, Result};
+
+const METADATA: &str = "metadata";
+const OFFSETS: &str = "offsets";
+const COMMITS: &str = "commits";
+const SOURCES: &str = "sources";
+const LOCK: &str = ".weir-lock";
+const CHECKPOINT_VERSION: u32 = 1;
+
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct Metadata {
+    id: Uuid,
+    #[serde(default)]
+    weir_checkpoint_version: Option<u32>,
+}
+
+/// An open checkpoint, owned by one run of one query.
+#[derive(Debug)]
+pub struct Checkpoint {
+    location: Location,
+    id: Uuid,
+    temporary: bool,
+    _lock: Option<std::fs::File>,
+}
+
+impl Checkpoint {
+    /// Opens the checkpoint at `location`, creating it if the directory is empty. Refuses a
+    /// directory that holds something other than a weir checkpoint, a checkpoint of a newer
+    /// weir, and a checkpoint another run holds.
+    pub async fn open(location: Location, temporary: bool) -> Result<Self> {
+        let id = match location.get(METADATA).await? {
+            Some(bytes) => parse_metadata(&location, &bytes)?,
+            None => {
+                let foreign: Vec<String> = location
+                    .list_all()
+                    .await?
+                    .into_iter()
+                    .filter(|p| p != LOCK)
+                    .collect();
+                if !foreign.is_empty() {
+                    return Err(Error::user(
+                        "CHECKPOINT_LOCATION_NOT_WEIR",
+                        "42K0I",
+                        format!(
+                            "The checkpoint location '{}' is not empty and holds no weir checkpoint \
+                             (no 'metadata' file; found e.g. '{}'). weir never writes into such a \
+                             directory: choose an empty or new directory as checkpoint location.",
+                            location.display(),
+                            foreign[0]
+                        ),
+                    ));
+                }
+                let fresh = Metadata {
+                    id: Uuid::new_v4(),
+                    weir_checkpoint_version: Some(CHECKPOINT_VERSION),
+                };
+                let text = serde_json::to_string(&fresh).map_err(|e| Error::Internal(e.to_string()))?;
+                location.put_if_absent(METADATA, Bytes::from(text)).await?;
+                // Another starter may have won the race: its id counts.
+                let bytes = location.get(METADATA).await?.ok_or_else(|| Error::Corrupt {
+                    file: format!("{}/{METADATA}", location.display()),
+                    problem: "vanished right after it was written".into(),
+                })?;
+                parse_metadata(&location, &bytes)?
+            }
+        };
+        let lock = take_lock(&location, id)?;
+        Ok(Self {
+            location,
+            id,
+            temporary,
+            _lock: lock,
+        })
+    }
+
+    /// The query's ID, kept across restarts.
+    pub fn id(&self) -> Uuid {
+        self.id
+    }
+
+    /// The checkpoint directory.
+    pub fn location(&self) -> &Location {
+        &self.location
+    }
+
+    /// Whether weir made this checkpoint up because the user gave none.
+    pub fn is_temporary(&self) -> bool {
+        self.temporary
+    }
+
+    /// The private directory of the source at `position`.
+    pub fn source_dir(&self, position: usize) -> Location {
+        self.location.child(&format!("{SOURCES}/{position}"))
+    }
+
+    fn file(&self, rel: &str) -> String {
+        format!("{}/{rel}", self.location.display())
+    }
+
+    async fn ids(&self, dir: &str) -> Result<Vec<u64>> {
+        let mut ids: Vec<u64> = self
+            .location
+            .list_files(dir)
+            .await?
+            .into_iter()
+            .filter_map(|(name, _)| name.parse().ok())
+            .collect();
+        ids.sort_unstable();
+        Ok(ids)
+    }
+
+    /// Batch IDs present in the offsets log.
+    pub async fn offset_ids(&self) -> Result<Vec<u64>> {
+        self.ids(OFFSETS).await
+    }
+
+    /// Batch IDs present in the commits log.
+    pub async fn commit_ids(&self) -> Result<Vec<u64>> {
+        self.ids(COMMITS).await
+    }
+
+    /// Where this checkpoint resumes.
+    pub async fn resume_point(&self) -> Result<Resume> {
+        let (offsets, commits) = (self.offset_ids().await?, self.commit_ids().await?);
+        resume_point(&offsets, &commits).map_err(|problem| Error::Corrupt {
+            file: format!("{}/{{{OFFSETS},{COMMITS}}}", self.location.display()),
+            problem,
+        })
+    }
+
+    /// Reads `offsets/<batch>`.
+    pub async fn read_offsets(&self, batch: u64) -> Result<OffsetEntry> {
+        let rel = format!("{OFFSETS}/{batch}");
+        let bytes = self.location.get(&rel).await?.ok_or_else(|| Error::Corrupt {
+            file: self.file(&rel),
+            problem: "is missing".into(),
+        })?;
+        OffsetEntry::decode(&bytes).map_err(|problem| Error::Corrupt {
+            file: self.file(&rel),
+            problem,
+        })
+    }
+
+    /// Reads `commits/<batch>`.
+    pub async fn read_commit(&self, batch: u64) -> Result<CommitEntry> {
+        let rel = format!("{COMMITS}/{batch}");
+        let bytes = self.location.get(&rel).await?.ok_or_else(|| Error::Corrupt {
+            file: self.file(&rel),
+            problem: "is missing".into(),
+        })?;
+        CommitEntry::decode(&bytes).map_err(|problem| Error::Corrupt {
+            file: self.file(&rel),
+            problem,
+        })
+    }
+
+    async fn create(&self, rel: String, text: String, batch: u64) -> Result<()> {
+        match self.location.put_if_absent(&rel, Bytes::from(text)).await? {
+            Created::Yes => Ok(()),
+            Created::AlreadyExisted => Err(Error::user(
+                "CONCURRENT_STREAM_LOG_UPDATE",
+                "40000",
+                format!(
+                    "Concurrent update to the log: '{}' was written by another run while this one \
+                     was running batch {batch}. Make sure only one query runs on the checkpoint \
+                     location '{}' at a time.",
+                    self.file(&rel),
+                    self.location.display()
+                ),
+            )),
+        }
+    }
+
+    /// Writes `offsets/<batch>`, create-only: the fence against a second writer.
+    pub async fn write_offsets(&self, batch: u64, entry: &OffsetEntry) -> Result<()> {
+        self.create(format!("{OFFSETS}/{batch}"), entry.encode(), batch).await
+    }
+
+    /// Writes `commits/<batch>`, create-only.
+    pub async fn write_commit(&self, batch: u64, entry: &CommitEntry) -> Result<()> {
+        self.create(format!("{COMMITS}/{batch}"), entry.encode(), batch).await
+    }
+
+    /// Deletes log entries of batches below `below`.
+    pub async fn purge_below(&self, below: u64) -> Result<()> {
+        for dir in [OFFSETS, COMMITS] {
+            for id in self.ids(dir).await?.into_iter().take_while(|&id| id < below) {
+                self.location.delete(&format!("{dir}/{id}")).await?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Removes a temporary checkpoint from disk.
+    pub fn delete_if_temporary(&self) {
+        if self.temporary
+            && let Some(dir) = self.location.local_dir()
+        {
+            let _ = std::fs::remove_dir_all(dir);
+        }
+    }
+}
+
+fn parse_metadata(location: &Location, bytes: &[u8]) -> Result<Uuid> {
+    let file = format!("{}/{METADATA}", location.display());
+    let meta: Metadata = serde_json::from_slice(bytes).map_err(|e| Error::Corrupt {
+        file: file.clone(),
+        problem: format!("is not a readable metadata file ({e})"),
+    })?;
+    match meta.weir_checkpoint_version {
+        None => Err(Error::user(
+            "CHECKPOINT_LOCATION_NOT_WEIR",
+            "42K0I",
+            format!(
+                "The checkpoint location '{}' holds a checkpoint of another engine (its metadata \
+                 has no weir version; Apache Spark writes such checkpoints). weir cannot resume it \
+                 and will not overwrite it: choose a new checkpoint location.",
+                location.display()
+            ),
+        )),
+        Some(v) if v > CHECKPOINT_VERSION => Err(Error::Corrupt {
+            file,
+            problem: format!(
+                "has checkpoint version {v}, newer than this weir understands ({CHECKPOINT_VERSION}): \
+                 run the weir that wrote it"
+            ),
+        }),
+        Some(_) => Ok(meta.id),
+    }
+}
+
+fn take_lock(location: &Location, id: Uuid) -> Result<Option<std::fs::File>> {
+    let Some(dir) = location.local_dir() else {
+        return Ok(None);
+    };
+    let path = dir.join(LOCK);
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&path)
+        .map_err(|e| {
+            Error::user(
+                "CANNOT_ACCESS_CHECKPOINT",
+                "58030",
+                format!("Cannot open the lock file '{}': {e}.", path.display()),
+            )
+        })?;
+    match file.try_lock() {
+        Ok(()) => Ok(Some(file)),
+        Err(std::fs::TryLockError::WouldBlock) => Err(Error::user(
+            "CONCURRENT_QUERY",
+            "0A000",
+            format!(
+                "Cannot start query with id {id}: another run of it is already active on the \
+                 checkpoint location '{}' (in this or another process). Stop that run first, or \
+                 give this query a new checkpoint location.",
+                location.display()
+            ),
+        )),
+        Err(std::fs::TryLockError::Error(e)) => Err(Error::user(
+            "CANNOT_ACCESS_CHECKPOINT",
+            "58030",
+            format!("Cannot lock '{}': {e}.", path.display()),
+        )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_second_open_of_a_held_checkpoint_is_refused_and_the_first_keeps_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let first = Checkpoint::open(Location::local(dir.path()).unwrap(), false).await.unwrap();
+        let err = Checkpoint::open(Location::local(dir.path()).unwrap(), false).await.unwrap_err();
+        assert_eq!(err.error_class(), "CONCURRENT_QUERY");
+        let id = first.id();
+        drop(first);
+        let again = Checkpoint::open(Location::local(dir.path()).unwrap(), false).await.unwrap();
+        assert_eq!(again.id(), id, "the query id survives a restart");
+    }
+
+    #[tokio::test]
+    async fn a_foreign_directory_is_refused_and_left_untouched() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("data.csv"), "a,b\n").unwrap();
+        let err = Checkpoint::open(Location::local(dir.path()).unwrap(), false).await.unwrap_err();
+        assert_eq!(err.error_class(), "CHECKPOINT_LOCATION_NOT_WEIR");
+        assert!(!dir.path().join("metadata").exists());
+
+        let spark = tempfile::tempdir().unwrap();
+        std::fs::write(spark.path().join("metadata"), r#"{"id":"57d2ba4f-554e-42f5-aba4-a54496a75da3"}"#).unwrap();
+        let err = Checkpoint::open(Location::local(spark.path()).unwrap(), false).await.unwrap_err();
+        assert_eq!(err.error_class(), "CHECKPOINT_LOCATION_NOT_WEIR");
+        assert!(err.to_string().contains("Apache Spark"), "{err}");
+    }
+
+    #[tokio::test]
+    async fn the_wal_is_create_only() {
+        let dir = tempfile::tempdir().unwrap();
+        let cp = Checkpoint::open(Location::local(dir.path()).unwrap(), false).await.unwrap();
+        let e = OffsetEntry {
+            metadata: BatchMetadata {
+                batch_watermark_ms: 0,
+                batch_timestamp_ms: 1,
+                conf: Default::default(),
+            },
+            sources: vec![],
+        };
+        cp.write_offsets(0, &e).await.unwrap();
+        let err = cp.write_offsets(0, &e).await.unwrap_err();
+        assert_eq!(err.error_class(), "CONCURRENT_STREAM_LOG_UPDATE");
+        assert_eq!(cp.resume_point().await.unwrap(), Resume::Replay { batch: 0 });
+        cp.write_commit(0, &CommitEntry { next_batch_watermark_ms: 0 }).await.unwrap();
+        assert_eq!(cp.resume_point().await.unwrap(), Resume::After { last: 0 });
+    }
+}

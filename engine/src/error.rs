@@ -1,0 +1,134 @@
+//! Errors of weir's engine, each with a stable error class and SQLSTATE.
+
+use datafusion::error::DataFusionError;
+use weir_common::ClassifiedError;
+
+/// Errors raised while planning, starting or running a streaming query.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The user asked for something wrong: the class says what.
+    #[error(transparent)]
+    User(#[from] ClassifiedError),
+    /// A source failed.
+    #[error(transparent)]
+    Source(#[from] weir_sources::Error),
+    /// A sink failed.
+    #[error(transparent)]
+    Sink(#[from] weir_sinks::Error),
+    /// DataFusion refused or failed the query.
+    #[error("{}", datafusion_message(.0))]
+    DataFusion(#[from] DataFusionError),
+    /// The checkpoint's storage failed.
+    #[error("cannot access the checkpoint: {0}")]
+    Storage(#[from] object_store::Error),
+    /// A checkpoint file is damaged or from a newer weir.
+    #[error(
+        "[CHECKPOINT_FILE_CORRUPT] The checkpoint file '{file}' {problem}. Restore the file from \
+         a backup, or start the query with a new checkpoint location. SQLSTATE: XX001"
+    )]
+    Corrupt {
+        /// The file, as a path the user can open.
+        file: String,
+        /// What is wrong with it.
+        problem: String,
+    },
+    /// A bug in weir.
+    #[error("[INTERNAL_ERROR] {0} SQLSTATE: XX000")]
+    Internal(String),
+}
+
+fn classified_in(e: &DataFusionError) -> Option<&ClassifiedError> {
+    match e {
+        DataFusionError::External(inner) => {
+            if let Some(c) = inner.downcast_ref::<ClassifiedError>() {
+                return Some(c);
+            }
+            if let Some(weir_sources::Error::User(c)) = inner.downcast_ref::<weir_sources::Error>() {
+                return Some(c);
+            }
+            if let Some(weir_sinks::Error::User(c)) = inner.downcast_ref::<weir_sinks::Error>() {
+                return Some(c);
+            }
+            inner.downcast_ref::<DataFusionError>().and_then(classified_in)
+        }
+        DataFusionError::Context(_, inner) => classified_in(inner),
+        DataFusionError::Shared(inner) => classified_in(inner),
+        DataFusionError::Diagnostic(_, inner) => classified_in(inner),
+        _ => None,
+    }
+}
+
+fn datafusion_class(e: &DataFusionError) -> (&'static str, &'static str) {
+    if let Some(c) = classified_in(e) {
+        return (c.class, c.sqlstate);
+    }
+    match e.find_root() {
+        DataFusionError::SQL(..) => ("PARSE_SYNTAX_ERROR", "42601"),
+        DataFusionError::SchemaError(s, _) => match s.as_ref() {
+            datafusion::common::SchemaError::FieldNotFound { .. } => ("UNRESOLVED_COLUMN", "42703"),
+            _ => ("INVALID_SCHEMA", "42K07"),
+        },
+        DataFusionError::Plan(m) if m.contains("not found") => ("TABLE_OR_VIEW_NOT_FOUND", "42P01"),
+        DataFusionError::Plan(_) => ("INVALID_QUERY", "42000"),
+        DataFusionError::NotImplemented(_) => ("UNSUPPORTED_FEATURE", "0A000"),
+        DataFusionError::ResourcesExhausted(_) => ("RESOURCES_EXHAUSTED", "53000"),
+        DataFusionError::IoError(_) | DataFusionError::ObjectStore(_) => ("IO_ERROR", "58030"),
+        _ => ("EXECUTION_ERROR", "XX000"),
+    }
+}
+
+fn datafusion_message(e: &DataFusionError) -> String {
+    if let Some(c) = classified_in(e) {
+        return c.to_string();
+    }
+    let (class, state) = datafusion_class(e);
+    format!("[{class}] {} SQLSTATE: {state}", e.find_root())
+}
+
+impl Error {
+    /// The stable error class of this error, e.g. `DATA_SOURCE_NOT_FOUND`.
+    pub fn error_class(&self) -> &'static str {
+        self.class_and_state().0
+    }
+
+    /// The SQLSTATE of this error.
+    pub fn sql_state(&self) -> &'static str {
+        self.class_and_state().1
+    }
+
+    fn class_and_state(&self) -> (&'static str, &'static str) {
+        match self {
+            Error::User(e) => (e.class, e.sqlstate),
+            Error::Source(weir_sources::Error::User(e)) | Error::Sink(weir_sinks::Error::User(e)) => {
+                (e.class, e.sqlstate)
+            }
+            Error::Source(e) => (e.error_class(), "XX000"),
+            Error::Sink(e) => (e.error_class(), "58030"),
+            Error::DataFusion(e) => datafusion_class(e),
+            Error::Storage(_) => ("CANNOT_ACCESS_CHECKPOINT", "58030"),
+            Error::Corrupt { .. } => ("CHECKPOINT_FILE_CORRUPT", "XX001"),
+            Error::Internal(_) => ("INTERNAL_ERROR", "XX000"),
+        }
+    }
+
+    /// A user error of `class` with `sqlstate`.
+    pub fn user(class: &'static str, sqlstate: &'static str, message: impl Into<String>) -> Self {
+        Error::User(ClassifiedError::new(class, sqlstate, message))
+    }
+}
+
+/// Result of engine operations.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_classified_error_inside_datafusion_keeps_its_class() {
+        let inner = ClassifiedError::new("DATA_SOURCE_NOT_FOUND", "42K02", "no foo.");
+        let e = Error::DataFusion(DataFusionError::External(Box::new(inner)).context("planning"));
+        assert_eq!(e.error_class(), "DATA_SOURCE_NOT_FOUND");
+        assert_eq!(e.to_string(), "[DATA_SOURCE_NOT_FOUND] no foo. SQLSTATE: 42K02");
+    }
+}

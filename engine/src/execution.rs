@@ -1,0 +1,399 @@
+//! The micro-batch loop (DESIGN.md §2): for batch N, plan offsets, write the WAL, read, plan,
+//! execute into the sink, commit, report progress. A restart replays an uncommitted batch with
+//! exactly its logged offsets; the idempotent sink makes that exactly-once.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use datafusion::execution::SessionState;
+use datafusion::logical_expr::LogicalPlan;
+use datafusion::physical_plan::collect;
+use tracing::{Instrument, debug, info, info_span};
+use weir_planner::StreamingTable;
+use weir_sinks::Sink;
+use weir_sources::{MicroBatchStream, Offset, ReadLimit, SourceContext};
+
+use crate::checkpoint::{
+    BatchMetadata, Checkpoint, CommitEntry, OffsetEntry, Resume, SourceRange, purge_below,
+};
+use crate::listener::{
+    Event, QueryIdleEvent, QueryProgressEvent, QueryStartedEvent, QueryTerminatedEvent,
+};
+use crate::progress::{SinkProgress, SourceProgress, StreamingQueryProgress, format_timestamp};
+use crate::query::{RECENT_PROGRESS, Shared, StreamingQueryManager};
+use crate::{Error, Result, Trigger};
+
+/// How long an idle query waits before asking its sources again (`spark.sql.streaming.pollingDelay`).
+const POLLING_DELAY: Duration = Duration::from_millis(10);
+/// Idle events at most this often (`spark.sql.streaming.noDataProgressEventInterval`).
+const IDLE_EVENT_INTERVAL: Duration = Duration::from_secs(10);
+
+/// Everything one run of a query needs.
+pub(crate) struct Execution {
+    pub(crate) shared: Arc<Shared>,
+    pub(crate) manager: StreamingQueryManager,
+    pub(crate) state: SessionState,
+    pub(crate) plan: LogicalPlan,
+    pub(crate) tables: Vec<Arc<StreamingTable>>,
+    pub(crate) sink: Arc<dyn Sink>,
+    pub(crate) checkpoint: Checkpoint,
+    pub(crate) trigger: Trigger,
+    pub(crate) max_batches: Option<u64>,
+    pub(crate) min_batches_to_retain: u64,
+    pub(crate) conf: BTreeMap<String, String>,
+}
+
+enum TriggerOutcome {
+    Ran,
+    NoData,
+}
+
+struct Loop {
+    streams: Vec<Box<dyn MicroBatchStream>>,
+    limits: Vec<ReadLimit>,
+    starts: Vec<Offset>,
+    next_batch: u64,
+    replay: Option<OffsetEntry>,
+    first_batch_ever: bool,
+    last_trigger_start: Option<Instant>,
+    last_idle_event: Option<Instant>,
+}
+
+fn now_ms() -> i64 {
+    chrono::Utc::now().timestamp_millis()
+}
+
+fn ms(d: Duration) -> u64 {
+    d.as_millis() as u64
+}
+
+impl Execution {
+    /// Runs the query until it is stopped, its trigger is done, or it fails; then reports the
+    /// termination.
+    pub(crate) async fn run(mut self) {
+        let span = info_span!("query", query_id = %self.shared.id, run_id = %self.shared.run_id);
+        let result = self.run_loop().instrument(span).await;
+        for t in &self.tables {
+            t.clear();
+        }
+        let (exception, class) = match &result {
+            Ok(()) => (None, None),
+            Err(e) => (Some(e.to_string()), Some(e.error_class().to_string())),
+        };
+        if let Err(e) = &result {
+            tracing::error!(query_id = %self.shared.id, "query failed: {e}");
+        } else {
+            self.checkpoint.delete_if_temporary();
+        }
+        self.shared.update(|s| {
+            s.active = false;
+            s.status.message = "Stopped".into();
+            s.status.is_trigger_active = false;
+            s.exception = result.err().map(Arc::new);
+        });
+        self.manager.unregister(self.shared.id);
+        self.manager.post(Event::Terminated(QueryTerminatedEvent {
+            id: self.shared.id,
+            run_id: self.shared.run_id,
+            exception,
+            error_class_on_exception: class,
+        }));
+    }
+
+    async fn run_loop(&mut self) -> Result<()> {
+        let mut streams = Vec::with_capacity(self.tables.len());
+        for (i, t) in self.tables.iter().enumerate() {
+            let ctx = SourceContext {
+                metadata: self.checkpoint.source_dir(i),
+            };
+            streams.push(t.source().open(ctx).await?);
+        }
+        let (next_batch, starts, replay) = match self.checkpoint.resume_point().await? {
+            Resume::Fresh => (0, streams.iter().map(|s| s.initial_offset()).collect(), None),
+            Resume::After { last } => {
+                let e = self.checkpoint.read_offsets(last).await?;
+                self.check_source_count(&e, last)?;
+                (last + 1, e.sources.into_iter().map(|r| r.end).collect(), None)
+            }
+            Resume::Replay { batch } => {
+                let e = self.checkpoint.read_offsets(batch).await?;
+                self.check_source_count(&e, batch)?;
+                info!(batch, "replaying the batch that was planned but not committed");
+                let starts = e.sources.iter().map(|r| r.start.clone()).collect();
+                (batch, starts, Some(e))
+            }
+        };
+        let limits = streams
+            .iter()
+            .map(|s| match self.trigger {
+                Trigger::Once => ReadLimit::AllAvailable,
+                _ => s.default_read_limit(),
+            })
+            .collect();
+        let mut lp = Loop {
+            streams,
+            limits,
+            starts,
+            first_batch_ever: next_batch == 0 && replay.is_none(),
+            next_batch,
+            replay,
+            last_trigger_start: None,
+            last_idle_event: None,
+        };
+        if self.trigger == Trigger::AvailableNow {
+            for (s, start) in lp.streams.iter_mut().zip(&lp.starts) {
+                s.prepare_for_available_now(start).await?;
+            }
+        }
+        self.manager.post(Event::Started(QueryStartedEvent {
+            id: self.shared.id,
+            run_id: self.shared.run_id,
+            name: self.shared.name.clone(),
+            timestamp: format_timestamp(now_ms()),
+        }));
+        let mut stop = self.shared.stop.subscribe();
+        let mut ran = 0u64;
+        loop {
+            if *stop.borrow() || self.max_batches.is_some_and(|m| ran >= m) {
+                return Ok(());
+            }
+            let trigger_start = Instant::now();
+            self.shared.update(|s| {
+                s.triggers += 1;
+                s.status.is_trigger_active = true;
+            });
+            let outcome = self.run_trigger(&mut lp, trigger_start).await?;
+            let seq = self.shared.state.lock().map(|s| s.triggers).unwrap_or(0);
+            match outcome {
+                TriggerOutcome::Ran => {
+                    ran += 1;
+                    self.shared.update(|s| {
+                        s.status = status("Waiting for next trigger", true, false);
+                    });
+                    if self.trigger == Trigger::Once {
+                        return Ok(());
+                    }
+                }
+                TriggerOutcome::NoData => {
+                    self.shared.update(|s| {
+                        s.last_idle_trigger = seq;
+                        s.status = status("Waiting for data to arrive", false, false);
+                    });
+                    if matches!(self.trigger, Trigger::Once | Trigger::AvailableNow) {
+                        info!("all data available at start is processed; stopping");
+                        return Ok(());
+                    }
+                    let due = lp.last_idle_event.is_none_or(|t| t.elapsed() >= IDLE_EVENT_INTERVAL);
+                    if due {
+                        if lp.last_idle_event.is_some() {
+                            self.manager.post(Event::Idle(QueryIdleEvent {
+                                id: self.shared.id,
+                                run_id: self.shared.run_id,
+                                timestamp: format_timestamp(now_ms()),
+                            }));
+                        }
+                        lp.last_idle_event = Some(Instant::now());
+                    }
+                }
+            }
+            let wait = match (self.trigger, &outcome) {
+                (Trigger::ProcessingTime(d), _) => d.saturating_sub(trigger_start.elapsed()),
+                (_, TriggerOutcome::NoData) => POLLING_DELAY,
+                _ => Duration::ZERO,
+            };
+            if !wait.is_zero() {
+                tokio::select! {
+                    _ = tokio::time::sleep(wait) => {}
+                    _ = stop.changed() => {}
+                }
+            }
+        }
+    }
+
+    fn check_source_count(&self, e: &OffsetEntry, batch: u64) -> Result<()> {
+        if e.sources.len() == self.tables.len() {
+            return Ok(());
+        }
+        Err(Error::user(
+            "STREAMING_QUERY_SOURCES_CHANGED",
+            "42K03",
+            format!(
+                "The checkpoint's batch {batch} read {} source(s), but the query now has {}. A \
+                 query restarted from a checkpoint must read the same sources in the same order; \
+                 undo the change, or start the changed query with a new checkpoint location.",
+                e.sources.len(),
+                self.tables.len()
+            ),
+        ))
+    }
+
+    async fn run_trigger(&mut self, lp: &mut Loop, trigger_start: Instant) -> Result<TriggerOutcome> {
+        let batch = lp.next_batch;
+        let timestamp_ms = now_ms();
+        let mut durations: BTreeMap<String, u64> = BTreeMap::new();
+        let (entry, latest): (OffsetEntry, Vec<Option<Offset>>) = match lp.replay.take() {
+            Some(e) => {
+                let latest = lp.streams.iter().map(|s| s.reported_latest_offset()).collect();
+                (e, latest)
+            }
+            None => {
+                let t = Instant::now();
+                let mut ends = Vec::with_capacity(lp.streams.len());
+                for ((s, start), limit) in lp.streams.iter_mut().zip(&lp.starts).zip(&lp.limits) {
+                    ends.push(s.latest_offset(start, *limit).await?);
+                }
+                durations.insert("latestOffset".into(), ms(t.elapsed()));
+                let new_data = ends != lp.starts;
+                if !new_data && !lp.first_batch_ever {
+                    return Ok(TriggerOutcome::NoData);
+                }
+                self.shared.update(|s| {
+                    s.status = status("Processing new data", true, true);
+                });
+                let entry = OffsetEntry {
+                    metadata: BatchMetadata {
+                        batch_watermark_ms: 0,
+                        batch_timestamp_ms: timestamp_ms,
+                        conf: self.conf.clone(),
+                    },
+                    sources: lp
+                        .starts
+                        .iter()
+                        .zip(ends)
+                        .map(|(start, end)| SourceRange {
+                            start: start.clone(),
+                            end,
+                        })
+                        .collect(),
+                };
+                let t = Instant::now();
+                self.checkpoint.write_offsets(batch, &entry).await?;
+                if batch > 0 {
+                    let below = purge_below(batch - 1, self.min_batches_to_retain);
+                    if below > 0 {
+                        self.checkpoint.purge_below(below).await?;
+                    }
+                }
+                durations.insert("walCommit".into(), ms(t.elapsed()));
+                let latest = lp.streams.iter().map(|s| s.reported_latest_offset()).collect();
+                (entry, latest)
+            }
+        };
+        lp.first_batch_ever = false;
+        let span = info_span!("batch", batch_id = batch);
+        let (rows_per_source, output_rows) = self
+            .execute_batch(lp, batch, &entry, &mut durations)
+            .instrument(span)
+            .await?;
+        let t = Instant::now();
+        self.checkpoint
+            .write_commit(batch, &CommitEntry { next_batch_watermark_ms: 0 })
+            .await?;
+        for (s, r) in lp.streams.iter_mut().zip(&entry.sources) {
+            s.commit(&r.end).await?;
+        }
+        durations.insert("commitOffsets".into(), ms(t.elapsed()));
+        let trigger_ms = trigger_start.elapsed();
+        durations.insert("triggerExecution".into(), ms(trigger_ms));
+        lp.starts = entry.sources.iter().map(|r| r.end.clone()).collect();
+        lp.next_batch += 1;
+
+        let since_last = lp.last_trigger_start.map(|t| trigger_start.duration_since(t));
+        lp.last_trigger_start = Some(trigger_start);
+        let rate = |rows: u64, d: Option<Duration>| match d {
+            Some(d) if d.as_secs_f64() > 0.0 => rows as f64 / d.as_secs_f64(),
+            _ => 0.0,
+        };
+        let total: u64 = rows_per_source.iter().sum();
+        let progress = StreamingQueryProgress {
+            id: self.shared.id,
+            run_id: self.shared.run_id,
+            name: self.shared.name.clone(),
+            timestamp: format_timestamp(timestamp_ms),
+            batch_id: batch,
+            batch_duration: ms(trigger_ms),
+            num_input_rows: total,
+            input_rows_per_second: rate(total, since_last),
+            processed_rows_per_second: rate(total, Some(trigger_ms)),
+            duration_ms: durations,
+            state_operators: vec![],
+            sources: lp
+                .streams
+                .iter()
+                .zip(&entry.sources)
+                .zip(latest)
+                .zip(&rows_per_source)
+                .map(|(((s, r), latest), rows)| SourceProgress {
+                    description: s.description(),
+                    start_offset: Some(r.start.0.clone()),
+                    end_offset: Some(r.end.0.clone()),
+                    latest_offset: latest.map(|o| o.0),
+                    num_input_rows: *rows,
+                    input_rows_per_second: rate(*rows, since_last),
+                    processed_rows_per_second: rate(*rows, Some(trigger_ms)),
+                })
+                .collect(),
+            sink: SinkProgress {
+                description: self.sink.description(),
+                num_output_rows: output_rows as i64,
+            },
+        };
+        debug!(batch, rows = total, ms = ms(trigger_ms), "batch committed");
+        self.shared.update(|s| {
+            if s.recent.len() >= RECENT_PROGRESS {
+                s.recent.pop_front();
+            }
+            s.recent.push_back(progress.clone());
+        });
+        self.manager.post(Event::Progress(Box::new(QueryProgressEvent { progress })));
+        Ok(TriggerOutcome::Ran)
+    }
+
+    /// getBatch, queryPlanning and addBatch of one batch. Returns rows read per source and rows
+    /// written.
+    async fn execute_batch(
+        &mut self,
+        lp: &mut Loop,
+        batch: u64,
+        entry: &OffsetEntry,
+        durations: &mut BTreeMap<String, u64>,
+    ) -> Result<(Vec<u64>, usize)> {
+        let t = Instant::now();
+        let mut rows = Vec::with_capacity(entry.sources.len());
+        for ((s, r), table) in lp.streams.iter_mut().zip(&entry.sources).zip(&self.tables) {
+            let parts = s.get_batch(&r.start, &r.end).await?;
+            rows.push(parts.iter().flatten().map(|b| b.num_rows() as u64).sum());
+            table.set_batch(parts);
+        }
+        durations.insert("getBatch".into(), ms(t.elapsed()));
+
+        let t = Instant::now();
+        let physical = self
+            .state
+            .query_planner()
+            .create_physical_plan(&self.plan, &self.state)
+            .await?;
+        durations.insert("queryPlanning".into(), ms(t.elapsed()));
+
+        let t = Instant::now();
+        let schema = physical.schema();
+        let output = collect(physical, self.state.task_ctx()).await;
+        for table in &self.tables {
+            table.clear();
+        }
+        let output = output?;
+        let out_rows = output.iter().map(|b| b.num_rows()).sum();
+        self.sink.add_batch(batch, schema, output).await?;
+        durations.insert("addBatch".into(), ms(t.elapsed()));
+        Ok((rows, out_rows))
+    }
+}
+
+fn status(message: &str, data: bool, active: bool) -> crate::QueryStatus {
+    crate::QueryStatus {
+        message: message.into(),
+        is_data_available: data,
+        is_trigger_active: active,
+    }
+}

@@ -1,0 +1,201 @@
+//! Running SQL: a script of statements, each either weir's (`CREATE STREAMING TABLE`,
+//! `INSERT INTO` a streaming table), a streaming `SELECT` (written to the console by default),
+//! or DataFusion batch SQL.
+
+use arrow::record_batch::RecordBatch;
+use datafusion::logical_expr::LogicalPlan;
+use weir_common::Options;
+use weir_planner::is_streaming;
+use weir_planner::statement::{CreateStreamingTable, Statement, parse_script};
+use weir_sinks::OutputMode;
+
+use crate::session::DataStreamWriter;
+use crate::{Error, Result, StreamingQuery, Trigger, WeirSession};
+
+/// Settings that apply to every streaming query a script starts (the CLI's flags). Each wins
+/// over the statement's own option of the same meaning.
+#[derive(Debug, Clone, Default)]
+pub struct ScriptOptions {
+    /// Checkpoint location (`--checkpoint`). A script that starts several queries must give
+    /// each its own `checkpointLocation` instead.
+    pub checkpoint: Option<String>,
+    /// Trigger (`--trigger`).
+    pub trigger: Option<Trigger>,
+    /// Stop each query after this many batches (`--max-batches`).
+    pub max_batches: Option<u64>,
+    /// Sink format for a bare streaming `SELECT` (default `console`).
+    pub default_sink: Option<String>,
+}
+
+/// What a statement did.
+#[derive(Debug)]
+pub enum StatementResult {
+    /// It started a streaming query.
+    Query(StreamingQuery),
+    /// It was a batch query; these are its rows.
+    Rows(Vec<RecordBatch>),
+    /// It changed the session (DDL, a declaration).
+    Done,
+}
+
+const RESERVED: &[&str] = &["checkpointLocation", "trigger", "outputMode", "queryName"];
+
+impl WeirSession {
+    /// Runs one statement with default settings.
+    pub async fn sql(&self, sql: &str) -> Result<StatementResult> {
+        let mut all = self.run_script(sql, &ScriptOptions::default()).await?;
+        match all.len() {
+            1 => Ok(all.remove(0)),
+            n => Err(Error::user(
+                "PARSE_SYNTAX_ERROR",
+                "42601",
+                format!("sql() takes exactly one statement, found {n}; use run_script()."),
+            )),
+        }
+    }
+
+    /// Runs every statement of `script` in order. Streaming queries are started and keep
+    /// running; the results say which.
+    pub async fn run_script(&self, script: &str, opts: &ScriptOptions) -> Result<Vec<StatementResult>> {
+        let mut out = vec![];
+        let mut started_with_shared_checkpoint = 0;
+        for stmt in parse_script(script)? {
+            let result = match stmt {
+                Statement::CreateStreamingTable(decl) => match &decl.query {
+                    None => {
+                        self.declare(decl)?;
+                        StatementResult::Done
+                    }
+                    Some(q) => {
+                        let plan = self.plan_sql(q).await?;
+                        self.start_into(&decl, plan, opts, &mut started_with_shared_checkpoint)
+                            .await?
+                    }
+                },
+                Statement::Insert { table, query, sql } => {
+                    let decl = self
+                        .inner()
+                        .declared
+                        .lock()
+                        .ok()
+                        .and_then(|d| d.get(&table.to_ascii_lowercase()).cloned());
+                    match decl {
+                        Some(decl) => {
+                            let plan = self.plan_sql(&query).await?;
+                            self.start_into(&decl, plan, opts, &mut started_with_shared_checkpoint)
+                                .await?
+                        }
+                        None => self.batch(&sql).await?,
+                    }
+                }
+                Statement::Sql(sql) => {
+                    let plan = self.plan_sql(&sql).await?;
+                    if is_streaming(&plan) {
+                        let decl = CreateStreamingTable {
+                            name: String::new(),
+                            or_refresh: false,
+                            if_not_exists: false,
+                            format: Some(opts.default_sink.clone().unwrap_or_else(|| "console".into())),
+                            location: None,
+                            options: Options::new(),
+                            query: Some(sql),
+                        };
+                        self.start_into(&decl, plan, opts, &mut started_with_shared_checkpoint)
+                            .await?
+                    } else {
+                        let df = self.context().execute_logical_plan(plan).await?;
+                        StatementResult::Rows(df.collect().await?)
+                    }
+                }
+            };
+            out.push(result);
+        }
+        Ok(out)
+    }
+
+    async fn batch(&self, sql: &str) -> Result<StatementResult> {
+        let df = self.context().sql(sql).await?;
+        Ok(StatementResult::Rows(df.collect().await?))
+    }
+
+    fn declare(&self, decl: CreateStreamingTable) -> Result<()> {
+        let mut d = self
+            .inner()
+            .declared
+            .lock()
+            .map_err(|_| Error::Internal("declaration lock poisoned".into()))?;
+        let key = decl.name.to_ascii_lowercase();
+        if d.contains_key(&key) && !decl.or_refresh && !decl.if_not_exists {
+            return Err(Error::user(
+                "TABLE_OR_VIEW_ALREADY_EXISTS",
+                "42P07",
+                format!(
+                    "The streaming table '{}' is already declared; use CREATE OR REFRESH STREAMING \
+                     TABLE to redefine it.",
+                    decl.name
+                ),
+            ));
+        }
+        if !(d.contains_key(&key) && decl.if_not_exists) {
+            d.insert(key, decl);
+        }
+        Ok(())
+    }
+
+    async fn start_into(
+        &self,
+        decl: &CreateStreamingTable,
+        plan: LogicalPlan,
+        opts: &ScriptOptions,
+        shared_checkpoint_uses: &mut usize,
+    ) -> Result<StatementResult> {
+        let o = &decl.options;
+        let format = decl
+            .format
+            .clone()
+            .unwrap_or_else(|| if decl.location.is_some() { "parquet".into() } else { "memory".into() });
+        let mut w = DataStreamWriter::new(std::sync::Arc::clone(self.inner()), plan).format(&format);
+        if !decl.name.is_empty() {
+            w = w.query_name(decl.name.clone());
+        } else if let Some(n) = o.get("queryName") {
+            w = w.query_name(n);
+        }
+        for (k, v) in o.iter() {
+            if !RESERVED.iter().any(|r| r.eq_ignore_ascii_case(k)) {
+                w = w.option(k, v);
+            }
+        }
+        if let Some(path) = &decl.location {
+            w = w.option("path", path);
+        }
+        if let Some(m) = o.get("outputMode") {
+            w = w.output_mode(OutputMode::parse(m)?);
+        }
+        match (&opts.checkpoint, o.get("checkpointLocation")) {
+            (Some(dir), _) => {
+                *shared_checkpoint_uses += 1;
+                if *shared_checkpoint_uses > 1 {
+                    return Err(Error::user(
+                        "CHECKPOINT_LOCATION_SHARED",
+                        "42601",
+                        "--checkpoint names one checkpoint, but this script starts more than one \
+                         streaming query: give each CREATE STREAMING TABLE its own OPTIONS \
+                         (checkpointLocation '...') instead.",
+                    ));
+                }
+                w = w.checkpoint_location(dir.clone());
+            }
+            (None, Some(dir)) => w = w.checkpoint_location(dir),
+            (None, None) => {}
+        }
+        if let Some(t) = opts.trigger {
+            w = w.trigger(t);
+        } else if let Some(t) = o.get("trigger") {
+            w = w.trigger(Trigger::parse(t)?);
+        }
+        if let Some(n) = opts.max_batches {
+            w = w.max_batches(n);
+        }
+        Ok(StatementResult::Query(w.start().await?))
+    }
+}

@@ -1,0 +1,467 @@
+//! The embedding API in the shape Spark users know: a session, `read_stream()` giving a
+//! DataFusion `DataFrame`, and `write_stream()` starting a [`StreamingQuery`].
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex, RwLock};
+
+use datafusion::catalog::TableProviderFactory;
+use datafusion::dataframe::DataFrame;
+use datafusion::datasource::provider_as_source;
+use datafusion::execution::SessionStateBuilder;
+use datafusion::execution::context::SessionContext;
+use datafusion::logical_expr::{LogicalPlan, LogicalPlanBuilder};
+use datafusion::prelude::SessionConfig;
+use weir_common::{Location, Options};
+use weir_planner::sink_table::{FileSinkTable, ManifestAwareTableFactory};
+use weir_planner::{
+    StreamCatalog, StreamRelationPlanner, StreamingTable, check_streaming_plan, is_streaming,
+    streaming_tables, with_fresh_streaming_tables,
+};
+use weir_sinks::{
+    FileSink, ForeachBatchFn, ForeachBatchSink, MemorySink, OutputMode, Sink, SinkRegistry, SinkSpec,
+};
+use weir_sources::{MemoryStream, MemoryStreamProvider, SourceRegistry};
+
+use crate::execution::Execution;
+use crate::memory_table::MemorySinkTable;
+use crate::query::{Shared, StreamingQuery, StreamingQueryManager};
+use crate::{Checkpoint, Error, Result, Trigger};
+
+/// A weir session: a DataFusion `SessionContext` that also knows streams, sinks and running
+/// streaming queries.
+#[derive(Clone, Debug)]
+pub struct WeirSession {
+    inner: Arc<SessionInner>,
+}
+
+pub(crate) struct SessionInner {
+    ctx: SessionContext,
+    catalog: Arc<StreamCatalog>,
+    sinks: RwLock<SinkRegistry>,
+    manager: StreamingQueryManager,
+    /// `CREATE STREAMING TABLE` declarations without a query, by lower-case name.
+    pub(crate) declared: Mutex<BTreeMap<String, weir_planner::statement::CreateStreamingTable>>,
+}
+
+impl std::fmt::Debug for SessionInner {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SessionInner")
+            .field("session_id", &self.ctx.session_id())
+            .finish()
+    }
+}
+
+/// The session, reachable from a `DataFrame`'s config so `df.write_stream()` works.
+#[derive(Debug)]
+struct SessionHandle(std::sync::Weak<SessionInner>);
+
+impl Default for WeirSession {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl WeirSession {
+    /// A session with weir's built-in sources and sinks and DataFusion's defaults.
+    pub fn new() -> Self {
+        Self::with_config(SessionConfig::new())
+    }
+
+    /// A session with a DataFusion `config` (e.g. `target_partitions`).
+    pub fn with_config(config: SessionConfig) -> Self {
+        let catalog = Arc::new(StreamCatalog::new(SourceRegistry::with_builtins()));
+        Arc::new_cyclic(|weak: &std::sync::Weak<SessionInner>| {
+            let config = config.with_extension(Arc::new(SessionHandle(weak.clone())));
+            let mut state = SessionStateBuilder::new()
+                .with_config(config)
+                .with_default_features()
+                .build();
+            let factories = state.table_factories_mut();
+            for name in ["PARQUET", "CSV", "JSON", "NDJSON"] {
+                if let Some(f) = factories.get(name).cloned() {
+                    factories.insert(
+                        name.to_string(),
+                        Arc::new(ManifestAwareTableFactory::new(f)) as Arc<dyn TableProviderFactory>,
+                    );
+                }
+            }
+            let ctx = SessionContext::new_with_state(state);
+            let _ = ctx.register_relation_planner(Arc::new(StreamRelationPlanner::new(Arc::clone(&catalog))));
+            SessionInner {
+                ctx,
+                catalog,
+                sinks: RwLock::new(SinkRegistry::with_builtins()),
+                manager: StreamingQueryManager::new(),
+                declared: Mutex::new(BTreeMap::new()),
+            }
+        })
+        .into()
+    }
+
+    /// The DataFusion context: register static tables, run batch SQL.
+    pub fn context(&self) -> &SessionContext {
+        &self.inner.ctx
+    }
+
+    /// The streaming queries of this session and their listeners.
+    pub fn streams(&self) -> &StreamingQueryManager {
+        &self.inner.manager
+    }
+
+    /// The catalog of source formats and named streams.
+    pub fn stream_catalog(&self) -> &Arc<StreamCatalog> {
+        &self.inner.catalog
+    }
+
+    /// Adds a sink format.
+    pub fn register_sink_format(&self, name: &str, factory: weir_sinks::SinkFactory) {
+        if let Ok(mut s) = self.inner.sinks.write() {
+            s.register(name, factory);
+        }
+    }
+
+    /// Makes `stream` readable as `STREAM <name>` in SQL and through
+    /// `read_stream().table(name)`.
+    pub fn register_memory_stream(&self, stream: &MemoryStream) {
+        self.inner
+            .catalog
+            .register_stream(stream.name(), Arc::new(MemoryStreamProvider::new(stream.clone())));
+    }
+
+    /// Starts reading a stream.
+    pub fn read_stream(&self) -> DataStreamReader {
+        DataStreamReader {
+            session: self.clone(),
+            format: None,
+            options: Options::new(),
+        }
+    }
+
+    /// Starts writing the streaming `df`.
+    pub fn write_stream(&self, df: DataFrame) -> DataStreamWriter {
+        DataStreamWriter::new(Arc::clone(&self.inner), df.logical_plan().clone())
+    }
+
+    pub(crate) fn inner(&self) -> &Arc<SessionInner> {
+        &self.inner
+    }
+
+    /// Plans `sql` (one statement of DataFusion SQL with weir's streaming relations) without
+    /// running it.
+    pub async fn plan_sql(&self, sql: &str) -> Result<LogicalPlan> {
+        Ok(self.inner.ctx.state().create_logical_plan(sql).await?)
+    }
+}
+
+impl From<Arc<SessionInner>> for WeirSession {
+    fn from(inner: Arc<SessionInner>) -> Self {
+        Self { inner }
+    }
+}
+
+/// Builds a streaming `DataFrame` (Spark's `DataStreamReader`).
+#[derive(Debug)]
+pub struct DataStreamReader {
+    session: WeirSession,
+    format: Option<String>,
+    options: Options,
+}
+
+impl DataStreamReader {
+    /// The source format, e.g. `rate`.
+    pub fn format(mut self, format: &str) -> Self {
+        self.format = Some(format.to_string());
+        self
+    }
+
+    /// Sets a source option (names are case-insensitive).
+    pub fn option(mut self, key: &str, value: impl ToString) -> Self {
+        self.options.set(key, value.to_string());
+        self
+    }
+
+    /// Sets several source options.
+    pub fn options<K: Into<String>, V: Into<String>>(mut self, opts: impl IntoIterator<Item = (K, V)>) -> Self {
+        for (k, v) in opts {
+            self.options.set(k, v);
+        }
+        self
+    }
+
+    fn frame(&self, name: &str, source: Arc<dyn weir_sources::SourceProvider>) -> Result<DataFrame> {
+        let table = StreamingTable::new(name, source);
+        let plan = LogicalPlanBuilder::scan(name, provider_as_source(Arc::new(table)), None)?.build()?;
+        Ok(DataFrame::new(self.session.inner.ctx.state(), plan))
+    }
+
+    /// The stream of the chosen format with the given options.
+    pub fn load(self) -> Result<DataFrame> {
+        let format = self.format.clone().ok_or_else(|| {
+            Error::user(
+                "STREAMING_SOURCE_FORMAT_MISSING",
+                "42601",
+                "read_stream() needs a format: .format(\"rate\"), .format(\"rate-micro-batch\"), ...",
+            )
+        })?;
+        let source = self.session.inner.catalog.create_source(&format, &self.options)?;
+        self.frame(&format, source)
+    }
+
+    /// The stream registered under `name` (e.g. a memory stream).
+    pub fn table(self, name: &str) -> Result<DataFrame> {
+        let source = self.session.inner.catalog.stream(name).ok_or_else(|| {
+            Error::user("STREAM_NOT_FOUND", "42P01", format!("There is no stream named '{name}'."))
+        })?;
+        self.frame(name, source)
+    }
+}
+
+/// Adds `write_stream()` to DataFusion's `DataFrame`, for frames made by a [`WeirSession`].
+pub trait DataFrameStreamExt {
+    /// Starts writing this streaming frame (Spark's `df.writeStream`).
+    fn write_stream(self) -> Result<DataStreamWriter>;
+}
+
+impl DataFrameStreamExt for DataFrame {
+    fn write_stream(self) -> Result<DataStreamWriter> {
+        let (state, plan) = self.into_parts();
+        let inner = state
+            .config()
+            .get_extension::<SessionHandle>()
+            .and_then(|h| h.0.upgrade())
+            .ok_or_else(|| {
+                Error::user(
+                    "NOT_A_WEIR_SESSION",
+                    "42000",
+                    "This DataFrame was not made by a weir session: create it with \
+                     WeirSession::read_stream() or WeirSession::context().",
+                )
+            })?;
+        Ok(DataStreamWriter::new(inner, plan))
+    }
+}
+
+/// Configures and starts a streaming query (Spark's `DataStreamWriter`).
+pub struct DataStreamWriter {
+    session: Arc<SessionInner>,
+    plan: LogicalPlan,
+    format: String,
+    options: Options,
+    output_mode: OutputMode,
+    trigger: Trigger,
+    checkpoint: Option<String>,
+    query_name: Option<String>,
+    foreach: Option<ForeachBatchFn>,
+    max_batches: Option<u64>,
+    min_batches_to_retain: u64,
+}
+
+impl std::fmt::Debug for DataStreamWriter {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DataStreamWriter")
+            .field("format", &self.format)
+            .field("output_mode", &self.output_mode)
+            .field("trigger", &self.trigger)
+            .field("checkpoint", &self.checkpoint)
+            .field("query_name", &self.query_name)
+            .finish()
+    }
+}
+
+impl DataStreamWriter {
+    pub(crate) fn new(session: Arc<SessionInner>, plan: LogicalPlan) -> Self {
+        Self {
+            session,
+            plan,
+            format: "console".into(),
+            options: Options::new(),
+            output_mode: OutputMode::Append,
+            trigger: Trigger::Default,
+            checkpoint: None,
+            query_name: None,
+            foreach: None,
+            max_batches: None,
+            min_batches_to_retain: 100,
+        }
+    }
+
+    /// The sink format: `console` (default), `noop`, `memory`, `parquet`, `csv`, `json`.
+    pub fn format(mut self, format: &str) -> Self {
+        self.format = format.to_string();
+        self
+    }
+
+    /// Sets a sink option; `checkpointLocation` sets the checkpoint location.
+    pub fn option(mut self, key: &str, value: impl ToString) -> Self {
+        if key.eq_ignore_ascii_case("checkpointLocation") {
+            self.checkpoint = Some(value.to_string());
+        } else {
+            self.options.set(key, value.to_string());
+        }
+        self
+    }
+
+    /// The output mode.
+    pub fn output_mode(mut self, mode: OutputMode) -> Self {
+        self.output_mode = mode;
+        self
+    }
+
+    /// When batches run.
+    pub fn trigger(mut self, trigger: Trigger) -> Self {
+        self.trigger = trigger;
+        self
+    }
+
+    /// Where the checkpoint lives. Without one, a temporary checkpoint is used (and deleted on
+    /// a clean stop), which cannot survive a restart.
+    pub fn checkpoint_location(mut self, dir: impl Into<String>) -> Self {
+        self.checkpoint = Some(dir.into());
+        self
+    }
+
+    /// The query name (also the memory sink's table name).
+    pub fn query_name(mut self, name: impl Into<String>) -> Self {
+        self.query_name = Some(name.into());
+        self
+    }
+
+    /// Stop after this many batches in this run (as `weir run --max-batches`).
+    pub fn max_batches(mut self, n: u64) -> Self {
+        self.max_batches = Some(n);
+        self
+    }
+
+    /// How many batches of logs the checkpoint keeps (`minBatchesToRetain`, default 100).
+    pub fn min_batches_to_retain(mut self, n: u64) -> Self {
+        self.min_batches_to_retain = n.max(1);
+        self
+    }
+
+    /// Sends every batch to `f` instead of a sink format (Spark's `foreachBatch`).
+    pub fn foreach_batch<F, Fut>(mut self, f: F) -> Self
+    where
+        F: Fn(u64, Vec<arrow::record_batch::RecordBatch>) -> Fut + Send + Sync + 'static,
+        Fut: std::future::Future<Output = std::result::Result<(), String>> + Send + 'static,
+    {
+        let f = Arc::new(f);
+        self.foreach = Some(Arc::new(move |id, batches| {
+            let f = Arc::clone(&f);
+            Box::pin(async move { f(id, batches).await })
+        }));
+        self.format = "foreach_batch".into();
+        self
+    }
+
+    /// Checks the query, opens the checkpoint and starts the query.
+    pub async fn start(self) -> Result<StreamingQuery> {
+        let inner = self.session;
+        if !is_streaming(&self.plan) {
+            return Err(Error::user(
+                "NOT_A_STREAMING_QUERY",
+                "42K0E",
+                "This query reads no stream, so it cannot be started as a streaming query: read a \
+                 source with read_stream() or FROM STREAM ..., or run it as a batch query.",
+            ));
+        }
+        check_streaming_plan(&self.plan)?;
+        if self.output_mode == OutputMode::Complete {
+            return Err(Error::user(
+                "STREAMING_OUTPUT_MODE.UNSUPPORTED_OPERATION",
+                "42KDE",
+                "Complete output mode needs a streaming aggregation; this query has none. Use \
+                 append mode.",
+            ));
+        }
+        let plan = with_fresh_streaming_tables(self.plan)?;
+        let state = inner.ctx.state();
+        let plan = state.optimize(&plan)?;
+        let tables = streaming_tables(&plan);
+        let schema = Arc::new(plan.schema().as_arrow().clone());
+
+        let sink: Arc<dyn Sink> = match self.foreach {
+            Some(f) => Arc::new(ForeachBatchSink::new(f)),
+            None => {
+                let spec = SinkSpec {
+                    format: self.format.clone(),
+                    options: self.options.clone(),
+                    output_mode: self.output_mode,
+                    query_name: self.query_name.clone(),
+                    schema: Arc::clone(&schema),
+                };
+                let registry = inner
+                    .sinks
+                    .read()
+                    .map_err(|_| Error::Internal("sink registry lock poisoned".into()))?;
+                registry.create(&spec)?
+            }
+        };
+        let (location, temporary) = match &self.checkpoint {
+            Some(dir) => (Location::parse(dir)?, false),
+            None if sink.is_idempotent() && sink.as_any().downcast_ref::<FileSink>().is_some() => {
+                return Err(Error::user(
+                    "CHECKPOINT_LOCATION_REQUIRED",
+                    "42601",
+                    format!(
+                        "The {} sink keeps exactly-once output only with a checkpoint: set \
+                         checkpoint_location(...) (SQL: OPTIONS (checkpointLocation '...'), CLI: \
+                         --checkpoint DIR).",
+                        self.format
+                    ),
+                ));
+            }
+            None => {
+                let dir = std::env::temp_dir().join(format!("weir-checkpoint-{}", uuid::Uuid::new_v4()));
+                tracing::warn!(
+                    "no checkpoint location given: using the temporary checkpoint {} (deleted when \
+                     the query stops cleanly); this query cannot be restarted where it left off",
+                    dir.display()
+                );
+                (Location::local(&dir)?, true)
+            }
+        };
+        let checkpoint = Checkpoint::open(location, temporary).await?;
+        let shared = Shared::new(checkpoint.id(), self.query_name.clone());
+        let query = StreamingQuery {
+            shared: Arc::clone(&shared),
+            task: Arc::new(Mutex::new(None)),
+        };
+        inner.manager.register(&query)?;
+
+        if let Some(mem) = sink.as_any().downcast_ref::<MemorySink>() {
+            let table = MemorySinkTable::new(mem.data());
+            let _ = inner.ctx.deregister_table(mem.name());
+            inner.ctx.register_table(mem.name(), Arc::new(table))?;
+        }
+        if let (Some(file), Some(name)) = (sink.as_any().downcast_ref::<FileSink>(), &self.query_name) {
+            let table = FileSinkTable::new(file.location().clone(), Arc::clone(&schema));
+            let _ = inner.ctx.deregister_table(name.as_str());
+            inner.ctx.register_table(name.as_str(), Arc::new(table))?;
+        }
+
+        let mut conf = BTreeMap::new();
+        conf.insert(
+            "weir.sql.shuffle.partitions".to_string(),
+            state.config().target_partitions().to_string(),
+        );
+        let exec = Execution {
+            shared,
+            manager: inner.manager.clone(),
+            state,
+            plan,
+            tables,
+            sink,
+            checkpoint,
+            trigger: self.trigger,
+            max_batches: self.max_batches,
+            min_batches_to_retain: self.min_batches_to_retain,
+            conf,
+        };
+        let handle = tokio::spawn(exec.run());
+        if let Ok(mut t) = query.task.lock() {
+            *t = Some(handle);
+        }
+        Ok(query)
+    }
+}
+

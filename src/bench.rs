@@ -1,0 +1,184 @@
+//! `weir bench`: named whole-query workloads on the deterministic `rate-micro-batch` source,
+//! the same ones as the Spark side-by-side script (`shared/reference/spark-bench`).
+
+use std::time::Instant;
+
+use datafusion::prelude::SessionConfig;
+use serde::Serialize;
+
+use crate::{Error, Result, ScriptOptions, StatementResult, StreamingQueryProgress, WeirSession};
+
+/// What to run.
+#[derive(Debug, Clone)]
+pub struct BenchConfig {
+    /// Workload name (`q1`).
+    pub workload: String,
+    /// Measured batches.
+    pub batches: u64,
+    /// Warm-up batches, run first and not measured.
+    pub warmup: u64,
+    /// Rows per batch.
+    pub rows_per_batch: u64,
+    /// Source partitions and DataFusion target partitions.
+    pub partitions: usize,
+}
+
+/// Summary statistics of a series.
+#[derive(Debug, Clone, Serialize)]
+pub struct Stats {
+    /// Median.
+    pub median: f64,
+    /// 99th percentile (linear interpolation).
+    pub p99: f64,
+    /// Smallest.
+    pub min: f64,
+    /// Largest.
+    pub max: f64,
+}
+
+/// The result of a bench run.
+#[derive(Debug, Clone, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct BenchReport {
+    /// Workload name.
+    pub workload: String,
+    /// Rows per batch.
+    pub rows_per_batch: u64,
+    /// Partitions.
+    pub partitions: usize,
+    /// Measured batches.
+    pub batches: u64,
+    /// numInputRows / triggerExecution per measured batch (as Spark's summary).
+    pub rows_per_sec: Stats,
+    /// Measured rows / wall time of the measured batches.
+    pub rows_per_sec_wall: f64,
+    /// triggerExecution per measured batch, ms.
+    pub batch_latency_ms: Stats,
+    /// Median of each durationMs key over the measured batches.
+    pub duration_ms_median: std::collections::BTreeMap<String, f64>,
+}
+
+fn workload_sql(cfg: &BenchConfig) -> Result<String> {
+    let src = format!(
+        "STREAM rate_micro_batch(rowsPerBatch => {}, numPartitions => {})",
+        cfg.rows_per_batch, cfg.partitions
+    );
+    match cfg.workload.to_ascii_lowercase().as_str() {
+        "q1" => Ok(format!("SELECT value, value * 2 AS v2 FROM {src} WHERE value % 2 = 0")),
+        other => Err(Error::user(
+            "UNKNOWN_BENCH_WORKLOAD",
+            "42601",
+            format!("Unknown workload '{other}'. Available: q1 (q2-q5 need stateful operators)."),
+        )),
+    }
+}
+
+fn stats(mut xs: Vec<f64>) -> Stats {
+    xs.sort_by(|a, b| a.total_cmp(b));
+    let pct = |p: f64| {
+        if xs.is_empty() {
+            return 0.0;
+        }
+        let k = (xs.len() - 1) as f64 * p / 100.0;
+        let (lo, hi) = (k.floor() as usize, k.ceil() as usize);
+        xs[lo] + (xs[hi] - xs[lo]) * (k - lo as f64)
+    };
+    Stats {
+        median: pct(50.0),
+        p99: pct(99.0),
+        min: xs.first().copied().unwrap_or(0.0),
+        max: xs.last().copied().unwrap_or(0.0),
+    }
+}
+
+/// Runs a workload into the noop sink with a temporary checkpoint.
+pub async fn run_bench(cfg: &BenchConfig) -> Result<BenchReport> {
+    let sql = workload_sql(cfg)?;
+    let session = WeirSession::with_config(SessionConfig::new().with_target_partitions(cfg.partitions.max(1)));
+    let dir = std::env::temp_dir().join(format!("weir-bench-{}", uuid_like()));
+    let opts = ScriptOptions {
+        checkpoint: Some(dir.to_string_lossy().to_string()),
+        max_batches: Some(cfg.warmup + cfg.batches),
+        default_sink: Some("noop".into()),
+        ..Default::default()
+    };
+    let start = Instant::now();
+    let mut results = session.run_script(&sql, &opts).await?;
+    let Some(StatementResult::Query(q)) = results.pop() else {
+        return Err(Error::Internal("the bench workload started no query".into()));
+    };
+    let done = q.await_termination().await;
+    let _ = std::fs::remove_dir_all(&dir);
+    done.map_err(|e| Error::Internal(e.to_string()))?;
+    let _ = start;
+    let progress: Vec<StreamingQueryProgress> = q.recent_progress();
+    let measured: Vec<&StreamingQueryProgress> = progress.iter().skip(cfg.warmup as usize).collect();
+    let trig = |p: &StreamingQueryProgress| p.duration_ms.get("triggerExecution").copied().unwrap_or(0) as f64;
+    let rows_per_sec = stats(
+        measured
+            .iter()
+            .map(|p| p.num_input_rows as f64 / (trig(p).max(1.0) / 1000.0))
+            .collect(),
+    );
+    let wall_ms: f64 = measured.iter().map(|p| p.batch_duration as f64).sum();
+    let rows: f64 = measured.iter().map(|p| p.num_input_rows as f64).sum();
+    let mut keys: Vec<String> = measured
+        .iter()
+        .flat_map(|p| p.duration_ms.keys().cloned())
+        .collect();
+    keys.sort();
+    keys.dedup();
+    let duration_ms_median = keys
+        .into_iter()
+        .map(|k| {
+            let v = measured
+                .iter()
+                .map(|p| p.duration_ms.get(&k).copied().unwrap_or(0) as f64)
+                .collect();
+            (k, stats(v).median)
+        })
+        .collect();
+    Ok(BenchReport {
+        workload: cfg.workload.clone(),
+        rows_per_batch: cfg.rows_per_batch,
+        partitions: cfg.partitions,
+        batches: measured.len() as u64,
+        rows_per_sec,
+        rows_per_sec_wall: if wall_ms > 0.0 { rows / (wall_ms / 1000.0) } else { 0.0 },
+        batch_latency_ms: stats(measured.iter().map(|p| trig(p)).collect()),
+        duration_ms_median,
+    })
+}
+
+fn uuid_like() -> String {
+    format!(
+        "{}-{}",
+        std::process::id(),
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos())
+    )
+}
+
+impl BenchReport {
+    /// The report as a table for people.
+    pub fn table(&self) -> String {
+        let mut s = format!(
+            "workload {}  rows/batch {}  partitions {}  measured batches {}\n",
+            self.workload, self.rows_per_batch, self.partitions, self.batches
+        );
+        s += &format!(
+            "rows/s (median per batch)  {:>14.0}\nrows/s (wall)               {:>14.0}\n",
+            self.rows_per_sec.median, self.rows_per_sec_wall
+        );
+        s += &format!(
+            "batch latency ms  median {:.1}  p99 {:.1}\n",
+            self.batch_latency_ms.median, self.batch_latency_ms.p99
+        );
+        s += "durationMs (median):\n";
+        for (k, v) in &self.duration_ms_median {
+            s += &format!("  {k:<18} {v:>8.1}\n");
+        }
+        s
+    }
+}
