@@ -64,7 +64,9 @@ fn workload_sql(cfg: &BenchConfig) -> Result<String> {
         cfg.rows_per_batch, cfg.partitions
     );
     match cfg.workload.to_ascii_lowercase().as_str() {
-        "q1" => Ok(format!("SELECT value, value * 2 AS v2 FROM {src} WHERE value % 2 = 0")),
+        "q1" => Ok(format!(
+            "SELECT value, value * 2 AS v2 FROM {src} WHERE value % 2 = 0"
+        )),
         other => Err(Error::user(
             "UNKNOWN_BENCH_WORKLOAD",
             "42601",
@@ -94,7 +96,9 @@ fn stats(mut xs: Vec<f64>) -> Stats {
 /// Runs a workload into the noop sink with a temporary checkpoint.
 pub async fn run_bench(cfg: &BenchConfig) -> Result<BenchReport> {
     let sql = workload_sql(cfg)?;
-    let session = WeirSession::with_config(SessionConfig::new().with_target_partitions(cfg.partitions.max(1)));
+    let session = WeirSession::with_config(
+        SessionConfig::new().with_target_partitions(cfg.partitions.max(1)),
+    );
     let dir = std::env::temp_dir().join(format!("weir-bench-{}", uuid_like()));
     let opts = ScriptOptions {
         checkpoint: Some(dir.to_string_lossy().to_string()),
@@ -105,15 +109,20 @@ pub async fn run_bench(cfg: &BenchConfig) -> Result<BenchReport> {
     let start = Instant::now();
     let mut results = session.run_script(&sql, &opts).await?;
     let Some(StatementResult::Query(q)) = results.pop() else {
-        return Err(Error::Internal("the bench workload started no query".into()));
+        return Err(Error::Internal(
+            "the bench workload started no query".into(),
+        ));
     };
     let done = q.await_termination().await;
     let _ = std::fs::remove_dir_all(&dir);
     done.map_err(|e| Error::Internal(e.to_string()))?;
     let _ = start;
     let progress: Vec<StreamingQueryProgress> = q.recent_progress();
-    let measured: Vec<&StreamingQueryProgress> = progress.iter().skip(cfg.warmup as usize).collect();
-    let trig = |p: &StreamingQueryProgress| p.duration_ms.get("triggerExecution").copied().unwrap_or(0) as f64;
+    let measured: Vec<&StreamingQueryProgress> =
+        progress.iter().skip(cfg.warmup as usize).collect();
+    let trig = |p: &StreamingQueryProgress| {
+        p.duration_ms.get("triggerExecution").copied().unwrap_or(0) as f64
+    };
     let rows_per_sec = stats(
         measured
             .iter()
@@ -144,7 +153,11 @@ pub async fn run_bench(cfg: &BenchConfig) -> Result<BenchReport> {
         partitions: cfg.partitions,
         batches: measured.len() as u64,
         rows_per_sec,
-        rows_per_sec_wall: if wall_ms > 0.0 { rows / (wall_ms / 1000.0) } else { 0.0 },
+        rows_per_sec_wall: if wall_ms > 0.0 {
+            rows / (wall_ms / 1000.0)
+        } else {
+            0.0
+        },
         batch_latency_ms: stats(measured.iter().map(|p| trig(p)).collect()),
         duration_ms_median,
     })

@@ -8,11 +8,16 @@ use anyhow::Context;
 use clap::{Parser, Subcommand};
 use weir::bench::{BenchConfig, run_bench};
 use weir::{
-    QueryProgressEvent, ScriptOptions, StatementResult, StreamingQueryListener, Trigger, WeirSession,
+    QueryProgressEvent, ScriptOptions, StatementResult, StreamingQueryListener, Trigger,
+    WeirSession,
 };
 
 #[derive(Parser)]
-#[command(name = "weir", version, about = "Streaming SQL, micro-batch by micro-batch, exactly-once")]
+#[command(
+    name = "weir",
+    version,
+    about = "Streaming SQL, micro-batch by micro-batch, exactly-once"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -83,7 +88,10 @@ fn main() -> std::process::ExitCode {
         .with_writer(std::io::stderr)
         .init();
     let cli = Cli::parse();
-    let rt = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("error: cannot start the runtime: {e}");
@@ -93,7 +101,11 @@ fn main() -> std::process::ExitCode {
     match rt.block_on(run(cli)) {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("error: {e:#}");
+            match e.downcast_ref::<weir::Error>() {
+                // weir's errors already say what is wrong and what to do; the chain would repeat it.
+                Some(w) => eprintln!("error: {w}"),
+                None => eprintln!("error: {e:#}"),
+            }
             std::process::ExitCode::FAILURE
         }
     }
@@ -140,7 +152,10 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             for r in results {
                 match r {
                     StatementResult::Rows(rows) => {
-                        println!("{}", weir::datafusion::arrow::util::pretty::pretty_format_batches(&rows)?);
+                        println!(
+                            "{}",
+                            weir::datafusion::arrow::util::pretty::pretty_format_batches(&rows)?
+                        );
                     }
                     StatementResult::Query(q) => queries.push(q),
                     StatementResult::Done => {}

@@ -39,7 +39,11 @@ impl ClassifiedError {
 
 impl fmt::Display for ClassifiedError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "[{}] {} SQLSTATE: {}", self.class, self.message, self.sqlstate)
+        write!(
+            f,
+            "[{}] {} SQLSTATE: {}",
+            self.class, self.message, self.sqlstate
+        )
     }
 }
 

@@ -4,6 +4,7 @@
 
 pub mod duration;
 pub mod error;
+pub mod failpoint;
 pub mod location;
 pub mod options;
 

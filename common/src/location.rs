@@ -217,15 +217,25 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let loc = Location::local(dir.path()).unwrap();
         assert_eq!(
-            loc.put_if_absent("offsets/0", Bytes::from_static(b"a")).await.unwrap(),
+            loc.put_if_absent("offsets/0", Bytes::from_static(b"a"))
+                .await
+                .unwrap(),
             Created::Yes
         );
         assert_eq!(
-            loc.put_if_absent("offsets/0", Bytes::from_static(b"b")).await.unwrap(),
+            loc.put_if_absent("offsets/0", Bytes::from_static(b"b"))
+                .await
+                .unwrap(),
             Created::AlreadyExisted
         );
-        assert_eq!(loc.get("offsets/0").await.unwrap().unwrap(), Bytes::from_static(b"a"));
-        assert_eq!(loc.list_files("offsets").await.unwrap(), vec![("0".to_string(), 1)]);
+        assert_eq!(
+            loc.get("offsets/0").await.unwrap().unwrap(),
+            Bytes::from_static(b"a")
+        );
+        assert_eq!(
+            loc.list_files("offsets").await.unwrap(),
+            vec![("0".to_string(), 1)]
+        );
         assert_eq!(loc.get("offsets/1").await.unwrap(), None);
     }
 

@@ -44,7 +44,9 @@ impl Options {
 
     /// Removes and returns the value under `key`, in any case.
     pub fn remove(&mut self, key: &str) -> Option<String> {
-        self.entries.remove(&key.to_ascii_lowercase()).map(|(_, v)| v)
+        self.entries
+            .remove(&key.to_ascii_lowercase())
+            .map(|(_, v)| v)
     }
 
     /// `(key as given, value)` pairs in key order.
@@ -133,7 +135,12 @@ impl OptionReader<'_> {
     }
 
     /// A number parsed with `FromStr`, or `default` when absent.
-    pub fn parse<T: FromStr>(&self, key: &str, default: T, expected: &str) -> Result<T, ClassifiedError> {
+    pub fn parse<T: FromStr>(
+        &self,
+        key: &str,
+        default: T,
+        expected: &str,
+    ) -> Result<T, ClassifiedError> {
         match self.options.get(key) {
             None => Ok(default),
             Some(v) => v.trim().parse().map_err(|_| self.bad(key, v, expected)),
@@ -161,7 +168,12 @@ impl OptionReader<'_> {
     }
 
     /// A duration such as `10 seconds` (a bare number is in `bare_unit`), or `default`.
-    pub fn duration(&self, key: &str, default: Duration, bare_unit: Duration) -> Result<Duration, ClassifiedError> {
+    pub fn duration(
+        &self,
+        key: &str,
+        default: Duration,
+        bare_unit: Duration,
+    ) -> Result<Duration, ClassifiedError> {
         match self.options.get(key) {
             None => Ok(default),
             Some(v) => parse_duration(v, bare_unit).map_err(|m| {
@@ -194,23 +206,42 @@ mod tests {
             .unwrap_err();
         assert_eq!(err.class, "STREAMING_INVALID_OPTION");
         assert!(err.message.contains("'rowsPerSecnd'"), "{}", err.message);
-        assert!(err.message.contains("rowsPerSecond, numPartitions"), "{}", err.message);
+        assert!(
+            err.message.contains("rowsPerSecond, numPartitions"),
+            "{}",
+            err.message
+        );
     }
 
     #[test]
     fn a_malformed_or_too_small_number_is_refused() {
         let o = Options::new().with("rowsPerSecond", "ten");
         let r = o.reader("rate source", &["rowsPerSecond"]);
-        assert!(r.int_at_least("rowsPerSecond", 1, 1).unwrap_err().message.contains("'ten'"));
+        assert!(
+            r.int_at_least("rowsPerSecond", 1, 1)
+                .unwrap_err()
+                .message
+                .contains("'ten'")
+        );
         let o = Options::new().with("rowsPerSecond", "-3");
         let r = o.reader("rate source", &["rowsPerSecond"]);
         assert!(r.int_at_least("rowsPerSecond", 1, 1).is_err());
-        assert_eq!(Options::new().reader("x", &[]).int_at_least("a", 7, 1), Ok(7));
+        assert_eq!(
+            Options::new().reader("x", &[]).int_at_least("a", 7, 1),
+            Ok(7)
+        );
     }
 
     #[test]
     fn a_missing_required_option_is_named() {
-        let err = Options::new().reader("parquet sink", &["path"]).required("path").unwrap_err();
-        assert!(err.message.contains("needs option 'path'"), "{}", err.message);
+        let err = Options::new()
+            .reader("parquet sink", &["path"])
+            .required("path")
+            .unwrap_err();
+        assert!(
+            err.message.contains("needs option 'path'"),
+            "{}",
+            err.message
+        );
     }
 }

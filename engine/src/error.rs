@@ -43,13 +43,16 @@ fn classified_in(e: &DataFusionError) -> Option<&ClassifiedError> {
             if let Some(c) = inner.downcast_ref::<ClassifiedError>() {
                 return Some(c);
             }
-            if let Some(weir_sources::Error::User(c)) = inner.downcast_ref::<weir_sources::Error>() {
+            if let Some(weir_sources::Error::User(c)) = inner.downcast_ref::<weir_sources::Error>()
+            {
                 return Some(c);
             }
             if let Some(weir_sinks::Error::User(c)) = inner.downcast_ref::<weir_sinks::Error>() {
                 return Some(c);
             }
-            inner.downcast_ref::<DataFusionError>().and_then(classified_in)
+            inner
+                .downcast_ref::<DataFusionError>()
+                .and_then(classified_in)
         }
         DataFusionError::Context(_, inner) => classified_in(inner),
         DataFusionError::Shared(inner) => classified_in(inner),
@@ -99,9 +102,8 @@ impl Error {
     fn class_and_state(&self) -> (&'static str, &'static str) {
         match self {
             Error::User(e) => (e.class, e.sqlstate),
-            Error::Source(weir_sources::Error::User(e)) | Error::Sink(weir_sinks::Error::User(e)) => {
-                (e.class, e.sqlstate)
-            }
+            Error::Source(weir_sources::Error::User(e))
+            | Error::Sink(weir_sinks::Error::User(e)) => (e.class, e.sqlstate),
             Error::Source(e) => (e.error_class(), "XX000"),
             Error::Sink(e) => (e.error_class(), "58030"),
             Error::DataFusion(e) => datafusion_class(e),
@@ -129,6 +131,9 @@ mod tests {
         let inner = ClassifiedError::new("DATA_SOURCE_NOT_FOUND", "42K02", "no foo.");
         let e = Error::DataFusion(DataFusionError::External(Box::new(inner)).context("planning"));
         assert_eq!(e.error_class(), "DATA_SOURCE_NOT_FOUND");
-        assert_eq!(e.to_string(), "[DATA_SOURCE_NOT_FOUND] no foo. SQLSTATE: 42K02");
+        assert_eq!(
+            e.to_string(),
+            "[DATA_SOURCE_NOT_FOUND] no foo. SQLSTATE: 42K02"
+        );
     }
 }

@@ -10,6 +10,7 @@ use datafusion::execution::SessionState;
 use datafusion::logical_expr::LogicalPlan;
 use datafusion::physical_plan::collect;
 use tracing::{Instrument, debug, info, info_span};
+use weir_common::failpoint::pause_point;
 use weir_planner::StreamingTable;
 use weir_sinks::Sink;
 use weir_sources::{MicroBatchStream, Offset, ReadLimit, SourceContext};
@@ -110,16 +111,27 @@ impl Execution {
             streams.push(t.source().open(ctx).await?);
         }
         let (next_batch, starts, replay) = match self.checkpoint.resume_point().await? {
-            Resume::Fresh => (0, streams.iter().map(|s| s.initial_offset()).collect(), None),
+            Resume::Fresh => (
+                0,
+                streams.iter().map(|s| s.initial_offset()).collect(),
+                None,
+            ),
             Resume::After { last } => {
                 let e = self.checkpoint.read_offsets(last).await?;
                 self.check_source_count(&e, last)?;
-                (last + 1, e.sources.into_iter().map(|r| r.end).collect(), None)
+                (
+                    last + 1,
+                    e.sources.into_iter().map(|r| r.end).collect(),
+                    None,
+                )
             }
             Resume::Replay { batch } => {
                 let e = self.checkpoint.read_offsets(batch).await?;
                 self.check_source_count(&e, batch)?;
-                info!(batch, "replaying the batch that was planned but not committed");
+                info!(
+                    batch,
+                    "replaying the batch that was planned but not committed"
+                );
                 let starts = e.sources.iter().map(|r| r.start.clone()).collect();
                 (batch, starts, Some(e))
             }
@@ -184,7 +196,9 @@ impl Execution {
                         info!("all data available at start is processed; stopping");
                         return Ok(());
                     }
-                    let due = lp.last_idle_event.is_none_or(|t| t.elapsed() >= IDLE_EVENT_INTERVAL);
+                    let due = lp
+                        .last_idle_event
+                        .is_none_or(|t| t.elapsed() >= IDLE_EVENT_INTERVAL);
                     if due {
                         if lp.last_idle_event.is_some() {
                             self.manager.post(Event::Idle(QueryIdleEvent {
@@ -228,13 +242,21 @@ impl Execution {
         ))
     }
 
-    async fn run_trigger(&mut self, lp: &mut Loop, trigger_start: Instant) -> Result<TriggerOutcome> {
+    async fn run_trigger(
+        &mut self,
+        lp: &mut Loop,
+        trigger_start: Instant,
+    ) -> Result<TriggerOutcome> {
         let batch = lp.next_batch;
         let timestamp_ms = now_ms();
         let mut durations: BTreeMap<String, u64> = BTreeMap::new();
         let (entry, latest): (OffsetEntry, Vec<Option<Offset>>) = match lp.replay.take() {
             Some(e) => {
-                let latest = lp.streams.iter().map(|s| s.reported_latest_offset()).collect();
+                let latest = lp
+                    .streams
+                    .iter()
+                    .map(|s| s.reported_latest_offset())
+                    .collect();
                 (e, latest)
             }
             None => {
@@ -268,7 +290,9 @@ impl Execution {
                         .collect(),
                 };
                 let t = Instant::now();
+                pause_point("before_wal", batch);
                 self.checkpoint.write_offsets(batch, &entry).await?;
+                pause_point("after_wal", batch);
                 if batch > 0 {
                     let below = purge_below(batch - 1, self.min_batches_to_retain);
                     if below > 0 {
@@ -276,7 +300,11 @@ impl Execution {
                     }
                 }
                 durations.insert("walCommit".into(), ms(t.elapsed()));
-                let latest = lp.streams.iter().map(|s| s.reported_latest_offset()).collect();
+                let latest = lp
+                    .streams
+                    .iter()
+                    .map(|s| s.reported_latest_offset())
+                    .collect();
                 (entry, latest)
             }
         };
@@ -288,8 +316,14 @@ impl Execution {
             .await?;
         let t = Instant::now();
         self.checkpoint
-            .write_commit(batch, &CommitEntry { next_batch_watermark_ms: 0 })
+            .write_commit(
+                batch,
+                &CommitEntry {
+                    next_batch_watermark_ms: 0,
+                },
+            )
             .await?;
+        pause_point("after_commit", batch);
         for (s, r) in lp.streams.iter_mut().zip(&entry.sources) {
             s.commit(&r.end).await?;
         }
@@ -299,7 +333,9 @@ impl Execution {
         lp.starts = entry.sources.iter().map(|r| r.end.clone()).collect();
         lp.next_batch += 1;
 
-        let since_last = lp.last_trigger_start.map(|t| trigger_start.duration_since(t));
+        let since_last = lp
+            .last_trigger_start
+            .map(|t| trigger_start.duration_since(t));
         lp.last_trigger_start = Some(trigger_start);
         let rate = |rows: u64, d: Option<Duration>| match d {
             Some(d) if d.as_secs_f64() > 0.0 => rows as f64 / d.as_secs_f64(),
@@ -346,7 +382,8 @@ impl Execution {
             }
             s.recent.push_back(progress.clone());
         });
-        self.manager.post(Event::Progress(Box::new(QueryProgressEvent { progress })));
+        self.manager
+            .post(Event::Progress(Box::new(QueryProgressEvent { progress })));
         Ok(TriggerOutcome::Ran)
     }
 
@@ -367,6 +404,7 @@ impl Execution {
             table.set_batch(parts);
         }
         durations.insert("getBatch".into(), ms(t.elapsed()));
+        pause_point("after_get_batch", batch);
 
         let t = Instant::now();
         let physical = self
@@ -385,6 +423,7 @@ impl Execution {
         let output = output?;
         let out_rows = output.iter().map(|b| b.num_rows()).sum();
         self.sink.add_batch(batch, schema, output).await?;
+        pause_point("after_sink", batch);
         durations.insert("addBatch".into(), ms(t.elapsed()));
         Ok((rows, out_rows))
     }

@@ -21,7 +21,8 @@ mod trigger;
 pub use checkpoint::Checkpoint;
 pub use error::{Error, Result};
 pub use listener::{
-    QueryIdleEvent, QueryProgressEvent, QueryStartedEvent, QueryTerminatedEvent, StreamingQueryListener,
+    QueryIdleEvent, QueryProgressEvent, QueryStartedEvent, QueryTerminatedEvent,
+    StreamingQueryListener,
 };
 pub use memory_table::MemorySinkTable;
 pub use progress::{SinkProgress, SourceProgress, StreamingQueryProgress, format_timestamp};

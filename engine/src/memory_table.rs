@@ -43,6 +43,10 @@ impl TableProvider for MemorySinkTable {
         _limit: Option<usize>,
     ) -> Result<Arc<dyn ExecutionPlan>> {
         let rows = self.data.snapshot();
-        Ok(MemorySourceConfig::try_new_exec(&[rows], self.schema(), projection.cloned())?)
+        Ok(MemorySourceConfig::try_new_exec(
+            &[rows],
+            self.schema(),
+            projection.cloned(),
+        )?)
     }
 }

@@ -115,9 +115,19 @@ mod tests {
         let v: serde_json::Value = serde_json::from_str(&p.json()).unwrap();
         let keys: Vec<&str> = v.as_object().unwrap().keys().map(|k| k.as_str()).collect();
         for k in [
-            "id", "runId", "name", "timestamp", "batchId", "batchDuration", "numInputRows",
-            "inputRowsPerSecond", "processedRowsPerSecond", "durationMs", "stateOperators",
-            "sources", "sink",
+            "id",
+            "runId",
+            "name",
+            "timestamp",
+            "batchId",
+            "batchDuration",
+            "numInputRows",
+            "inputRowsPerSecond",
+            "processedRowsPerSecond",
+            "durationMs",
+            "stateOperators",
+            "sources",
+            "sink",
         ] {
             assert!(keys.contains(&k), "missing {k} in {keys:?}");
         }

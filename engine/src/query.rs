@@ -224,7 +224,10 @@ impl StreamingQuery {
 
     /// Like [`StreamingQuery::await_termination`], giving up after `timeout`: `Ok(false)` if
     /// the query is still running then.
-    pub async fn await_termination_timeout(&self, timeout: Duration) -> Result<bool, StreamingQueryException> {
+    pub async fn await_termination_timeout(
+        &self,
+        timeout: Duration,
+    ) -> Result<bool, StreamingQueryException> {
         match tokio::time::timeout(timeout, self.await_termination()).await {
             Ok(r) => r.map(|()| true),
             Err(_) => Ok(false),

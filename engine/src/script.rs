@@ -56,7 +56,11 @@ impl WeirSession {
 
     /// Runs every statement of `script` in order. Streaming queries are started and keep
     /// running; the results say which.
-    pub async fn run_script(&self, script: &str, opts: &ScriptOptions) -> Result<Vec<StatementResult>> {
+    pub async fn run_script(
+        &self,
+        script: &str,
+        opts: &ScriptOptions,
+    ) -> Result<Vec<StatementResult>> {
         let mut out = vec![];
         let mut started_with_shared_checkpoint = 0;
         for stmt in parse_script(script)? {
@@ -95,7 +99,11 @@ impl WeirSession {
                             name: String::new(),
                             or_refresh: false,
                             if_not_exists: false,
-                            format: Some(opts.default_sink.clone().unwrap_or_else(|| "console".into())),
+                            format: Some(
+                                opts.default_sink
+                                    .clone()
+                                    .unwrap_or_else(|| "console".into()),
+                            ),
                             location: None,
                             options: Options::new(),
                             query: Some(sql),
@@ -150,11 +158,15 @@ impl WeirSession {
         shared_checkpoint_uses: &mut usize,
     ) -> Result<StatementResult> {
         let o = &decl.options;
-        let format = decl
-            .format
-            .clone()
-            .unwrap_or_else(|| if decl.location.is_some() { "parquet".into() } else { "memory".into() });
-        let mut w = DataStreamWriter::new(std::sync::Arc::clone(self.inner()), plan).format(&format);
+        let format = decl.format.clone().unwrap_or_else(|| {
+            if decl.location.is_some() {
+                "parquet".into()
+            } else {
+                "memory".into()
+            }
+        });
+        let mut w =
+            DataStreamWriter::new(std::sync::Arc::clone(self.inner()), plan).format(&format);
         if !decl.name.is_empty() {
             w = w.query_name(decl.name.clone());
         } else if let Some(n) = o.get("queryName") {

@@ -18,7 +18,8 @@ use weir_planner::{
     streaming_tables, with_fresh_streaming_tables,
 };
 use weir_sinks::{
-    FileSink, ForeachBatchFn, ForeachBatchSink, MemorySink, OutputMode, Sink, SinkRegistry, SinkSpec,
+    FileSink, ForeachBatchFn, ForeachBatchSink, MemorySink, OutputMode, Sink, SinkRegistry,
+    SinkSpec,
 };
 use weir_sources::{MemoryStream, MemoryStreamProvider, SourceRegistry};
 
@@ -81,12 +82,15 @@ impl WeirSession {
                 if let Some(f) = factories.get(name).cloned() {
                     factories.insert(
                         name.to_string(),
-                        Arc::new(ManifestAwareTableFactory::new(f)) as Arc<dyn TableProviderFactory>,
+                        Arc::new(ManifestAwareTableFactory::new(f))
+                            as Arc<dyn TableProviderFactory>,
                     );
                 }
             }
             let ctx = SessionContext::new_with_state(state);
-            let _ = ctx.register_relation_planner(Arc::new(StreamRelationPlanner::new(Arc::clone(&catalog))));
+            let _ = ctx.register_relation_planner(Arc::new(StreamRelationPlanner::new(
+                Arc::clone(&catalog),
+            )));
             SessionInner {
                 ctx,
                 catalog,
@@ -123,9 +127,10 @@ impl WeirSession {
     /// Makes `stream` readable as `STREAM <name>` in SQL and through
     /// `read_stream().table(name)`.
     pub fn register_memory_stream(&self, stream: &MemoryStream) {
-        self.inner
-            .catalog
-            .register_stream(stream.name(), Arc::new(MemoryStreamProvider::new(stream.clone())));
+        self.inner.catalog.register_stream(
+            stream.name(),
+            Arc::new(MemoryStreamProvider::new(stream.clone())),
+        );
     }
 
     /// Starts reading a stream.
@@ -181,16 +186,24 @@ impl DataStreamReader {
     }
 
     /// Sets several source options.
-    pub fn options<K: Into<String>, V: Into<String>>(mut self, opts: impl IntoIterator<Item = (K, V)>) -> Self {
+    pub fn options<K: Into<String>, V: Into<String>>(
+        mut self,
+        opts: impl IntoIterator<Item = (K, V)>,
+    ) -> Self {
         for (k, v) in opts {
             self.options.set(k, v);
         }
         self
     }
 
-    fn frame(&self, name: &str, source: Arc<dyn weir_sources::SourceProvider>) -> Result<DataFrame> {
+    fn frame(
+        &self,
+        name: &str,
+        source: Arc<dyn weir_sources::SourceProvider>,
+    ) -> Result<DataFrame> {
         let table = StreamingTable::new(name, source);
-        let plan = LogicalPlanBuilder::scan(name, provider_as_source(Arc::new(table)), None)?.build()?;
+        let plan =
+            LogicalPlanBuilder::scan(name, provider_as_source(Arc::new(table)), None)?.build()?;
         Ok(DataFrame::new(self.session.inner.ctx.state(), plan))
     }
 
@@ -203,14 +216,22 @@ impl DataStreamReader {
                 "read_stream() needs a format: .format(\"rate\"), .format(\"rate-micro-batch\"), ...",
             )
         })?;
-        let source = self.session.inner.catalog.create_source(&format, &self.options)?;
+        let source = self
+            .session
+            .inner
+            .catalog
+            .create_source(&format, &self.options)?;
         self.frame(&format, source)
     }
 
     /// The stream registered under `name` (e.g. a memory stream).
     pub fn table(self, name: &str) -> Result<DataFrame> {
         let source = self.session.inner.catalog.stream(name).ok_or_else(|| {
-            Error::user("STREAM_NOT_FOUND", "42P01", format!("There is no stream named '{name}'."))
+            Error::user(
+                "STREAM_NOT_FOUND",
+                "42P01",
+                format!("There is no stream named '{name}'."),
+            )
         })?;
         self.frame(name, source)
     }
@@ -411,7 +432,8 @@ impl DataStreamWriter {
                 ));
             }
             None => {
-                let dir = std::env::temp_dir().join(format!("weir-checkpoint-{}", uuid::Uuid::new_v4()));
+                let dir =
+                    std::env::temp_dir().join(format!("weir-checkpoint-{}", uuid::Uuid::new_v4()));
                 tracing::warn!(
                     "no checkpoint location given: using the temporary checkpoint {} (deleted when \
                      the query stops cleanly); this query cannot be restarted where it left off",
@@ -433,7 +455,9 @@ impl DataStreamWriter {
             let _ = inner.ctx.deregister_table(mem.name());
             inner.ctx.register_table(mem.name(), Arc::new(table))?;
         }
-        if let (Some(file), Some(name)) = (sink.as_any().downcast_ref::<FileSink>(), &self.query_name) {
+        if let (Some(file), Some(name)) =
+            (sink.as_any().downcast_ref::<FileSink>(), &self.query_name)
+        {
             let table = FileSinkTable::new(file.location().clone(), Arc::clone(&schema));
             let _ = inner.ctx.deregister_table(name.as_str());
             inner.ctx.register_table(name.as_str(), Arc::new(table))?;
@@ -464,4 +488,3 @@ impl DataStreamWriter {
         Ok(query)
     }
 }
-

@@ -36,7 +36,13 @@ impl Trigger {
             .filter(|(k, _)| k.trim().eq_ignore_ascii_case("processingtime"))
             .map_or(t, |(_, v)| v);
         parse_duration(interval, Duration::from_millis(1))
-            .map(|d| if d.is_zero() { Self::Default } else { Self::ProcessingTime(d) })
+            .map(|d| {
+                if d.is_zero() {
+                    Self::Default
+                } else {
+                    Self::ProcessingTime(d)
+                }
+            })
             .map_err(|m| {
                 ClassifiedError::new(
                     "INVALID_TRIGGER",
@@ -68,14 +74,26 @@ mod tests {
     #[test]
     fn parses_the_spark_triggers() {
         assert_eq!(Trigger::parse("once").unwrap(), Trigger::Once);
-        assert_eq!(Trigger::parse("AvailableNow").unwrap(), Trigger::AvailableNow);
-        assert_eq!(Trigger::parse("available-now").unwrap(), Trigger::AvailableNow);
+        assert_eq!(
+            Trigger::parse("AvailableNow").unwrap(),
+            Trigger::AvailableNow
+        );
+        assert_eq!(
+            Trigger::parse("available-now").unwrap(),
+            Trigger::AvailableNow
+        );
         assert_eq!(
             Trigger::parse("processingTime=2 seconds").unwrap(),
             Trigger::ProcessingTime(Duration::from_secs(2))
         );
-        assert_eq!(Trigger::parse("500ms").unwrap(), Trigger::ProcessingTime(Duration::from_millis(500)));
+        assert_eq!(
+            Trigger::parse("500ms").unwrap(),
+            Trigger::ProcessingTime(Duration::from_millis(500))
+        );
         assert_eq!(Trigger::parse("0 seconds").unwrap(), Trigger::Default);
-        assert_eq!(Trigger::parse("sometimes").unwrap_err().class, "INVALID_TRIGGER");
+        assert_eq!(
+            Trigger::parse("sometimes").unwrap_err().class,
+            "INVALID_TRIGGER"
+        );
     }
 }

@@ -17,6 +17,8 @@ pub mod sink_table;
 pub mod statement;
 mod table;
 
-pub use analysis::{check_streaming_plan, is_streaming, streaming_tables, with_fresh_streaming_tables};
+pub use analysis::{
+    check_streaming_plan, is_streaming, streaming_tables, with_fresh_streaming_tables,
+};
 pub use relation::{StreamCatalog, StreamRelationPlanner};
 pub use table::StreamingTable;

@@ -54,7 +54,11 @@ impl StreamCatalog {
 
     /// The stream registered under `name`.
     pub fn stream(&self, name: &str) -> Option<Arc<dyn SourceProvider>> {
-        self.named.read().ok()?.get(&name.to_ascii_lowercase()).cloned()
+        self.named
+            .read()
+            .ok()?
+            .get(&name.to_ascii_lowercase())
+            .cloned()
     }
 
     /// Whether `name` is a source format (`rate`, `rate_micro_batch`, ...).
@@ -63,7 +67,11 @@ impl StreamCatalog {
     }
 
     /// Creates a source of `format` with `options`.
-    pub fn create_source(&self, format: &str, options: &Options) -> weir_sources::Result<Arc<dyn SourceProvider>> {
+    pub fn create_source(
+        &self,
+        format: &str,
+        options: &Options,
+    ) -> weir_sources::Result<Arc<dyn SourceProvider>> {
         let formats = self.formats.read().map_err(|_| {
             ClassifiedError::new("INTERNAL_ERROR", "XX000", "source registry lock poisoned")
         })?;
@@ -90,13 +98,26 @@ impl StreamRelationPlanner {
         Self { catalog }
     }
 
-    fn planned(&self, name: &str, source: Arc<dyn SourceProvider>, alias: Option<TableAlias>) -> Result<RelationPlanning> {
+    fn planned(
+        &self,
+        name: &str,
+        source: Arc<dyn SourceProvider>,
+        alias: Option<TableAlias>,
+    ) -> Result<RelationPlanning> {
         let table = StreamingTable::new(name, source);
-        let plan = LogicalPlanBuilder::scan(name, provider_as_source(Arc::new(table)), None)?.build()?;
-        Ok(RelationPlanning::Planned(Box::new(PlannedRelation::new(plan, alias))))
+        let plan =
+            LogicalPlanBuilder::scan(name, provider_as_source(Arc::new(table)), None)?.build()?;
+        Ok(RelationPlanning::Planned(Box::new(PlannedRelation::new(
+            plan, alias,
+        ))))
     }
 
-    fn plan_source_call(&self, format: &str, args: &[FunctionArg], alias: Option<TableAlias>) -> Result<RelationPlanning> {
+    fn plan_source_call(
+        &self,
+        format: &str,
+        args: &[FunctionArg],
+        alias: Option<TableAlias>,
+    ) -> Result<RelationPlanning> {
         let options = options_from_args(format, args).map_err(user)?;
         let source = self
             .catalog
@@ -129,7 +150,11 @@ fn last_name(name: &ObjectName) -> String {
 }
 
 impl RelationPlanner for StreamRelationPlanner {
-    fn plan_relation(&self, relation: TableFactor, _ctx: &mut dyn RelationPlannerContext) -> Result<RelationPlanning> {
+    fn plan_relation(
+        &self,
+        relation: TableFactor,
+        _ctx: &mut dyn RelationPlannerContext,
+    ) -> Result<RelationPlanning> {
         let TableFactor::Table {
             name,
             args: Some(args),

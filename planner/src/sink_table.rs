@@ -16,7 +16,9 @@ use datafusion::datasource::file_format::FileFormat as DfFileFormat;
 use datafusion::datasource::file_format::csv::CsvFormat;
 use datafusion::datasource::file_format::json::JsonFormat;
 use datafusion::datasource::file_format::parquet::ParquetFormat;
-use datafusion::datasource::listing::{ListingOptions, ListingTable, ListingTableConfig, ListingTableUrl};
+use datafusion::datasource::listing::{
+    ListingOptions, ListingTable, ListingTableConfig, ListingTableUrl,
+};
 use datafusion::error::{DataFusionError, Result};
 use datafusion::logical_expr::{CreateExternalTable, Expr};
 use datafusion::physical_plan::ExecutionPlan;
@@ -71,11 +73,16 @@ impl FileSinkTable {
                     .get("delimiter")
                     .and_then(|d| d.bytes().next())
                     .unwrap_or(b',');
-                Arc::new(CsvFormat::default().with_has_header(header).with_delimiter(delimiter))
+                Arc::new(
+                    CsvFormat::default()
+                        .with_has_header(header)
+                        .with_delimiter(delimiter),
+                )
             }
             FileFormat::Json => Arc::new(JsonFormat::default()),
         };
-        let options = ListingOptions::new(format).with_file_extension(format!(".{}", manifest.format.name()));
+        let options =
+            ListingOptions::new(format).with_file_extension(format!(".{}", manifest.format.name()));
         let config = ListingTableConfig::new_with_multi_paths(urls)
             .with_listing_options(options)
             .with_schema(Arc::clone(&self.schema));
@@ -101,7 +108,11 @@ impl TableProvider for FileSinkTable {
         limit: Option<usize>,
     ) -> Result<Arc<dyn ExecutionPlan>> {
         match read_manifest(&self.location).await.map_err(ext)? {
-            Some(m) if !m.files.is_empty() => self.listing(&m)?.scan(state, projection, filters, limit).await,
+            Some(m) if !m.files.is_empty() => {
+                self.listing(&m)?
+                    .scan(state, projection, filters, limit)
+                    .await
+            }
             _ => {
                 let schema = match projection {
                     Some(p) => Arc::new(self.schema.project(p)?),
@@ -129,7 +140,11 @@ impl ManifestAwareTableFactory {
 
 #[async_trait]
 impl TableProviderFactory for ManifestAwareTableFactory {
-    async fn create(&self, state: &dyn Session, cmd: &CreateExternalTable) -> Result<Arc<dyn TableProvider>> {
+    async fn create(
+        &self,
+        state: &dyn Session,
+        cmd: &CreateExternalTable,
+    ) -> Result<Arc<dyn TableProvider>> {
         if let [location] = cmd.locations.as_slice() {
             let local = !location.contains("://") || location.starts_with("file://");
             if local

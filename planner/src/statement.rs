@@ -67,7 +67,12 @@ fn tokenize(sql: &str) -> Result<Vec<Token>, ClassifiedError> {
 }
 
 fn text(tokens: &[Token]) -> String {
-    tokens.iter().map(|t| t.to_string()).collect::<String>().trim().to_string()
+    tokens
+        .iter()
+        .map(|t| t.to_string())
+        .collect::<String>()
+        .trim()
+        .to_string()
 }
 
 fn is_ws(t: &Token) -> bool {
@@ -121,8 +126,21 @@ pub fn rewrite_stream_keyword(sql: &str) -> Result<String, ClassifiedError> {
 }
 
 const CLAUSES: &[&str] = &[
-    "select", "where", "group", "having", "order", "limit", "on", "union", "window", "qualify",
-    "set", "values", "using", "except", "intersect",
+    "select",
+    "where",
+    "group",
+    "having",
+    "order",
+    "limit",
+    "on",
+    "union",
+    "window",
+    "qualify",
+    "set",
+    "values",
+    "using",
+    "except",
+    "intersect",
 ];
 
 fn rewrite_tokens(tokens: Vec<Token>) -> Vec<Token> {
@@ -247,7 +265,9 @@ fn parse_tokens(tokens: Vec<Token>) -> Result<Statement, ClassifiedError> {
                 let start = sig.get(k + 1).copied().unwrap_or(tokens.len());
                 let q = text(&tokens[start..]);
                 if q.is_empty() {
-                    return Err(syntax("CREATE STREAMING TABLE ... AS needs a query after AS."));
+                    return Err(syntax(
+                        "CREATE STREAMING TABLE ... AS needs a query after AS.",
+                    ));
                 }
                 stmt.query = Some(q);
                 break;
@@ -265,7 +285,11 @@ fn parse_tokens(tokens: Vec<Token>) -> Result<Statement, ClassifiedError> {
                     Some(Token::SingleQuotedString(s)) | Some(Token::DoubleQuotedString(s)) => {
                         stmt.location = Some(s.clone())
                     }
-                    _ => return Err(syntax("LOCATION needs a quoted path, e.g. LOCATION '/data/out'.")),
+                    _ => {
+                        return Err(syntax(
+                            "LOCATION needs a quoted path, e.g. LOCATION '/data/out'.",
+                        ));
+                    }
                 }
                 k += 2;
             }
@@ -285,7 +309,11 @@ fn parse_tokens(tokens: Vec<Token>) -> Result<Statement, ClassifiedError> {
     Ok(Statement::CreateStreamingTable(stmt))
 }
 
-fn object_name(tokens: &[Token], sig: &[usize], mut k: usize) -> Result<(String, usize), ClassifiedError> {
+fn object_name(
+    tokens: &[Token],
+    sig: &[usize],
+    mut k: usize,
+) -> Result<(String, usize), ClassifiedError> {
     let mut parts = vec![];
     loop {
         match sig.get(k).map(|&i| &tokens[i]) {
@@ -307,10 +335,17 @@ fn object_name(tokens: &[Token], sig: &[usize], mut k: usize) -> Result<(String,
 }
 
 /// `( key [=] value, ... )` where keys are names (dotted allowed) or quoted strings.
-fn parse_options(tokens: &[Token], sig: &[usize], mut k: usize, options: &mut Options) -> Result<usize, ClassifiedError> {
+fn parse_options(
+    tokens: &[Token],
+    sig: &[usize],
+    mut k: usize,
+    options: &mut Options,
+) -> Result<usize, ClassifiedError> {
     let at = |k: usize| sig.get(k).map(|&i| &tokens[i]);
     if at(k) != Some(&Token::LParen) {
-        return Err(syntax("OPTIONS needs a parenthesized list: OPTIONS (key 'value', ...)."));
+        return Err(syntax(
+            "OPTIONS needs a parenthesized list: OPTIONS (key 'value', ...).",
+        ));
     }
     k += 1;
     loop {
@@ -331,7 +366,9 @@ fn parse_options(tokens: &[Token], sig: &[usize], mut k: usize, options: &mut Op
                 key = format!("{key}.{}", w.value);
                 k += 2;
             } else {
-                return Err(syntax(format!("Unfinished option name '{key}.' in OPTIONS.")));
+                return Err(syntax(format!(
+                    "Unfinished option name '{key}.' in OPTIONS."
+                )));
             }
         }
         if at(k) == Some(&Token::Eq) {
@@ -370,7 +407,10 @@ mod tests {
     #[test]
     fn stream_keyword_becomes_the_call_form() {
         assert_eq!(
-            rewrite_stream_keyword("SELECT * FROM STREAM rate(rowsPerSecond => 10) WHERE value > 1").unwrap(),
+            rewrite_stream_keyword(
+                "SELECT * FROM STREAM rate(rowsPerSecond => 10) WHERE value > 1"
+            )
+            .unwrap(),
             "SELECT * FROM STREAM(rate(rowsPerSecond => 10)) WHERE value > 1"
         );
         assert_eq!(
@@ -396,7 +436,9 @@ mod tests {
              AS SELECT value FROM STREAM rate(rowsPerSecond => 5) WHERE value % 2 = 0",
         )
         .unwrap();
-        let Statement::CreateStreamingTable(c) = s else { panic!("{s:?}") };
+        let Statement::CreateStreamingTable(c) = s else {
+            panic!("{s:?}")
+        };
         assert_eq!(c.name, "evens");
         assert!(c.or_refresh);
         assert_eq!(c.format.as_deref(), Some("parquet"));
@@ -426,8 +468,15 @@ mod tests {
 
     #[test]
     fn a_bad_clause_is_a_syntax_error_naming_what_was_expected() {
-        let err = parse_statement("CREATE STREAMING TABLE t USING parquet PARTITION BY (a) AS SELECT 1").unwrap_err();
+        let err =
+            parse_statement("CREATE STREAMING TABLE t USING parquet PARTITION BY (a) AS SELECT 1")
+                .unwrap_err();
         assert_eq!(err.class, "PARSE_SYNTAX_ERROR");
-        assert!(err.message.contains("expected USING, LOCATION, OPTIONS or AS"), "{}", err.message);
+        assert!(
+            err.message
+                .contains("expected USING, LOCATION, OPTIONS or AS"),
+            "{}",
+            err.message
+        );
     }
 }

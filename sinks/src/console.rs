@@ -56,14 +56,22 @@ impl ConsoleSink {
 #[async_trait]
 impl Sink for ConsoleSink {
     fn description(&self) -> String {
-        format!("ConsoleSink[numRows={}, truncate={}]", self.num_rows, self.truncate)
+        format!(
+            "ConsoleSink[numRows={}, truncate={}]",
+            self.num_rows, self.truncate
+        )
     }
 
     fn is_idempotent(&self) -> bool {
         false
     }
 
-    async fn add_batch(&self, batch_id: u64, schema: SchemaRef, batches: Vec<RecordBatch>) -> Result<()> {
+    async fn add_batch(
+        &self,
+        batch_id: u64,
+        schema: SchemaRef,
+        batches: Vec<RecordBatch>,
+    ) -> Result<()> {
         let text = show(batch_id, &schema, &batches, self.num_rows, self.truncate)?;
         let mut out = self.out.lock().map_err(|_| {
             ClassifiedError::new("INTERNAL_ERROR", "XX000", "console sink lock poisoned")
@@ -87,7 +95,8 @@ pub(crate) fn show(
     truncate: bool,
 ) -> Result<String> {
     let total: usize = batches.iter().map(|b| b.num_rows()).sum();
-    let mut cells: Vec<Vec<String>> = vec![schema.fields().iter().map(|f| f.name().clone()).collect()];
+    let mut cells: Vec<Vec<String>> =
+        vec![schema.fields().iter().map(|f| f.name().clone()).collect()];
     let opts = FormatOptions::default().with_null("NULL");
     'outer: for b in batches {
         let fmts = b
@@ -113,9 +122,18 @@ pub(crate) fn show(
     }
     let ncols = cells[0].len();
     let widths: Vec<usize> = (0..ncols)
-        .map(|i| cells.iter().map(|r| r[i].chars().count()).max().unwrap_or(0).max(3))
+        .map(|i| {
+            cells
+                .iter()
+                .map(|r| r[i].chars().count())
+                .max()
+                .unwrap_or(0)
+                .max(3)
+        })
         .collect();
-    let sep: String = widths.iter().fold("+".to_string(), |s, w| s + &"-".repeat(*w) + "+");
+    let sep: String = widths
+        .iter()
+        .fold("+".to_string(), |s, w| s + &"-".repeat(*w) + "+");
     let mut s = String::new();
     let _ = writeln!(s, "-------------------------------------------");
     let _ = writeln!(s, "Batch: {batch_id}");
@@ -165,7 +183,11 @@ mod tests {
             Arc::clone(&schema),
             vec![
                 Arc::new(Int64Array::from(vec![1, 22, 333])),
-                Arc::new(StringArray::from(vec![Some("a"), None, Some("abcdefghijklmnopqrstuvwxyz")])),
+                Arc::new(StringArray::from(vec![
+                    Some("a"),
+                    None,
+                    Some("abcdefghijklmnopqrstuvwxyz"),
+                ])),
             ],
         )
         .unwrap();

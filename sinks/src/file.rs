@@ -73,7 +73,11 @@ impl FileSink {
         let what = format!("{} sink", format.name());
         let r = options.reader(&what, format.accepted_options());
         r.check_known()?;
-        let compression = match r.string("compression").map(|c| c.to_ascii_lowercase()).as_deref() {
+        let compression = match r
+            .string("compression")
+            .map(|c| c.to_ascii_lowercase())
+            .as_deref()
+        {
             None | Some("snappy") => Compression::SNAPPY,
             Some("none") | Some("uncompressed") => Compression::UNCOMPRESSED,
             Some("zstd") => Compression::ZSTD(ZstdLevel::default()),
@@ -171,7 +175,11 @@ struct EntryFile {
 #[async_trait]
 impl Sink for FileSink {
     fn description(&self) -> String {
-        format!("FileSink[{}, {}]", self.format.name(), self.location.display())
+        format!(
+            "FileSink[{}, {}]",
+            self.format.name(),
+            self.location.display()
+        )
     }
 
     fn is_idempotent(&self) -> bool {
@@ -182,10 +190,18 @@ impl Sink for FileSink {
         &[OutputMode::Append]
     }
 
-    async fn add_batch(&self, batch_id: u64, schema: SchemaRef, batches: Vec<RecordBatch>) -> Result<()> {
+    async fn add_batch(
+        &self,
+        batch_id: u64,
+        schema: SchemaRef,
+        batches: Vec<RecordBatch>,
+    ) -> Result<()> {
         let entry = format!("{MANIFEST_DIR}/{batch_id}");
         if self.location.exists(&entry).await? {
-            tracing::info!(batch_id, "file sink already holds this batch; skipping the replay");
+            tracing::info!(
+                batch_id,
+                "file sink already holds this batch; skipping the replay"
+            );
             return Ok(());
         }
         let rows: usize = batches.iter().map(|b| b.num_rows()).sum();
@@ -199,6 +215,7 @@ impl Sink for FileSink {
             );
             let size = bytes.len() as u64;
             self.location.put(&name, Bytes::from(bytes)).await?;
+            weir_common::failpoint::pause_point("sink_mid", batch_id);
             files.push(EntryFile {
                 path: name,
                 rows: rows as u64,
@@ -217,10 +234,18 @@ impl Sink for FileSink {
             text.push('\n');
             text += &serde_json::to_string(f).map_err(internal)?;
         }
-        if self.location.put_if_absent(&entry, Bytes::from(text)).await? == Created::AlreadyExisted {
+        if self
+            .location
+            .put_if_absent(&entry, Bytes::from(text))
+            .await?
+            == Created::AlreadyExisted
+        {
             // Another writer committed this batch first; our part file is an orphan no reader
             // will see.
-            tracing::warn!(batch_id, "file sink manifest entry appeared concurrently; keeping the first");
+            tracing::warn!(
+                batch_id,
+                "file sink manifest entry appeared concurrently; keeping the first"
+            );
         }
         Ok(())
     }
@@ -231,7 +256,12 @@ impl Sink for FileSink {
 }
 
 fn internal(e: serde_json::Error) -> Error {
-    ClassifiedError::new("INTERNAL_ERROR", "XX000", format!("cannot encode a manifest entry: {e}")).into()
+    ClassifiedError::new(
+        "INTERNAL_ERROR",
+        "XX000",
+        format!("cannot encode a manifest entry: {e}"),
+    )
+    .into()
 }
 
 /// What a file sink's manifest says: the committed files and how to read them.
@@ -277,7 +307,9 @@ pub async fn read_manifest(location: &Location) -> Result<Option<SinkManifest>> 
         match lines.next() {
             Some("v1") => {}
             Some(v) if v.starts_with('v') => {
-                return Err(corrupt(&format!("has version '{v}', newer than this weir reads (v1)")));
+                return Err(corrupt(&format!(
+                    "has version '{v}', newer than this weir reads (v1)"
+                )));
             }
             _ => return Err(corrupt("has no version header")),
         }
@@ -315,24 +347,49 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let schema = Arc::new(Schema::new(vec![Field::new("v", DataType::Int64, false)]));
         let rows = |v: Vec<i64>| {
-            vec![RecordBatch::try_new(Arc::clone(&schema), vec![Arc::new(Int64Array::from(v))]).unwrap()]
+            vec![
+                RecordBatch::try_new(Arc::clone(&schema), vec![Arc::new(Int64Array::from(v))])
+                    .unwrap(),
+            ]
         };
-        let sink = FileSink::try_new(FileFormat::Parquet, dir.path().to_str().unwrap(), &Options::new()).unwrap();
-        sink.add_batch(0, Arc::clone(&schema), rows(vec![1, 2])).await.unwrap();
+        let sink = FileSink::try_new(
+            FileFormat::Parquet,
+            dir.path().to_str().unwrap(),
+            &Options::new(),
+        )
+        .unwrap();
+        sink.add_batch(0, Arc::clone(&schema), rows(vec![1, 2]))
+            .await
+            .unwrap();
         // An orphan file from a crashed attempt of batch 1: not in the manifest.
         std::fs::write(dir.path().join("part-00001-orphan.parquet"), b"junk").unwrap();
-        sink.add_batch(1, Arc::clone(&schema), rows(vec![3])).await.unwrap();
-        sink.add_batch(1, Arc::clone(&schema), rows(vec![3])).await.unwrap();
-        sink.add_batch(2, Arc::clone(&schema), rows(vec![])).await.unwrap();
+        sink.add_batch(1, Arc::clone(&schema), rows(vec![3]))
+            .await
+            .unwrap();
+        sink.add_batch(1, Arc::clone(&schema), rows(vec![3]))
+            .await
+            .unwrap();
+        sink.add_batch(2, Arc::clone(&schema), rows(vec![]))
+            .await
+            .unwrap();
         let m = read_manifest(sink.location()).await.unwrap().unwrap();
         assert_eq!(m.files.len(), 2);
         assert!(m.files.iter().all(|f| !f.contains("orphan")));
         assert_eq!(m.latest_batch_id, 2);
         let parquet_files = std::fs::read_dir(dir.path())
             .unwrap()
-            .filter(|e| e.as_ref().unwrap().file_name().to_string_lossy().ends_with(".parquet"))
+            .filter(|e| {
+                e.as_ref()
+                    .unwrap()
+                    .file_name()
+                    .to_string_lossy()
+                    .ends_with(".parquet")
+            })
             .count();
-        assert_eq!(parquet_files, 3, "two committed files and the orphan; the replay wrote none");
+        assert_eq!(
+            parquet_files, 3,
+            "two committed files and the orphan; the replay wrote none"
+        );
     }
 
     #[test]

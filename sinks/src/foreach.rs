@@ -13,8 +13,11 @@ use futures::future::BoxFuture;
 use crate::{Error, Result, Sink};
 
 /// The closure of a foreach-batch sink: `(batch_id, rows)`; an `Err(message)` fails the query.
-pub type ForeachBatchFn =
-    Arc<dyn Fn(u64, Vec<RecordBatch>) -> BoxFuture<'static, std::result::Result<(), String>> + Send + Sync>;
+pub type ForeachBatchFn = Arc<
+    dyn Fn(u64, Vec<RecordBatch>) -> BoxFuture<'static, std::result::Result<(), String>>
+        + Send
+        + Sync,
+>;
 
 /// Calls a closure with every micro-batch.
 #[derive(Clone)]
@@ -45,7 +48,12 @@ impl Sink for ForeachBatchSink {
         false
     }
 
-    async fn add_batch(&self, batch_id: u64, _schema: SchemaRef, batches: Vec<RecordBatch>) -> Result<()> {
+    async fn add_batch(
+        &self,
+        batch_id: u64,
+        _schema: SchemaRef,
+        batches: Vec<RecordBatch>,
+    ) -> Result<()> {
         (self.f)(batch_id, batches)
             .await
             .map_err(|message| Error::Foreach { batch_id, message })

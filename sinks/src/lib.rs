@@ -53,7 +53,9 @@ impl OutputMode {
             _ => Err(ClassifiedError::new(
                 "STREAMING_OUTPUT_MODE.INVALID",
                 "42KDE",
-                format!("Unknown output mode '{s}'. Accepted output modes: append, update, complete."),
+                format!(
+                    "Unknown output mode '{s}'. Accepted output modes: append, update, complete."
+                ),
             )),
         }
     }
@@ -84,7 +86,12 @@ pub trait Sink: Debug + Send + Sync {
     }
 
     /// Writes the output of micro-batch `batch_id`.
-    async fn add_batch(&self, batch_id: u64, schema: SchemaRef, batches: Vec<RecordBatch>) -> Result<()>;
+    async fn add_batch(
+        &self,
+        batch_id: u64,
+        schema: SchemaRef,
+        batches: Vec<RecordBatch>,
+    ) -> Result<()>;
 
     /// For downcasting to a concrete sink (e.g. the memory sink, whose table the session
     /// registers).

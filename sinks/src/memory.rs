@@ -29,7 +29,11 @@ impl MemorySinkData {
     pub fn snapshot(&self) -> Vec<RecordBatch> {
         self.batches
             .read()
-            .map(|b| b.iter().flat_map(|(_, rows)| rows.iter().cloned()).collect())
+            .map(|b| {
+                b.iter()
+                    .flat_map(|(_, rows)| rows.iter().cloned())
+                    .collect()
+            })
             .unwrap_or_default()
     }
 
@@ -81,7 +85,12 @@ impl Sink for MemorySink {
         true
     }
 
-    async fn add_batch(&self, batch_id: u64, _schema: SchemaRef, batches: Vec<RecordBatch>) -> Result<()> {
+    async fn add_batch(
+        &self,
+        batch_id: u64,
+        _schema: SchemaRef,
+        batches: Vec<RecordBatch>,
+    ) -> Result<()> {
         let mut all = self.data.batches.write().map_err(|_| {
             ClassifiedError::new("INTERNAL_ERROR", "XX000", "memory sink lock poisoned")
         })?;
@@ -108,21 +117,44 @@ mod tests {
     use super::*;
 
     fn rows(schema: &SchemaRef, v: &[i64]) -> Vec<RecordBatch> {
-        vec![RecordBatch::try_new(Arc::clone(schema), vec![Arc::new(Int64Array::from(v.to_vec()))]).unwrap()]
+        vec![
+            RecordBatch::try_new(
+                Arc::clone(schema),
+                vec![Arc::new(Int64Array::from(v.to_vec()))],
+            )
+            .unwrap(),
+        ]
     }
 
     #[tokio::test]
     async fn a_redelivered_batch_changes_nothing_and_complete_mode_replaces() {
         let schema = Arc::new(Schema::new(vec![Field::new("v", DataType::Int64, false)]));
         let sink = MemorySink::new("t", Arc::clone(&schema), OutputMode::Append);
-        sink.add_batch(0, Arc::clone(&schema), rows(&schema, &[1])).await.unwrap();
-        sink.add_batch(0, Arc::clone(&schema), rows(&schema, &[1])).await.unwrap();
-        sink.add_batch(1, Arc::clone(&schema), rows(&schema, &[2])).await.unwrap();
-        assert_eq!(sink.data().snapshot().iter().map(|b| b.num_rows()).sum::<usize>(), 2);
+        sink.add_batch(0, Arc::clone(&schema), rows(&schema, &[1]))
+            .await
+            .unwrap();
+        sink.add_batch(0, Arc::clone(&schema), rows(&schema, &[1]))
+            .await
+            .unwrap();
+        sink.add_batch(1, Arc::clone(&schema), rows(&schema, &[2]))
+            .await
+            .unwrap();
+        assert_eq!(
+            sink.data()
+                .snapshot()
+                .iter()
+                .map(|b| b.num_rows())
+                .sum::<usize>(),
+            2
+        );
 
         let sink = MemorySink::new("t", Arc::clone(&schema), OutputMode::Complete);
-        sink.add_batch(0, Arc::clone(&schema), rows(&schema, &[1, 2])).await.unwrap();
-        sink.add_batch(1, Arc::clone(&schema), rows(&schema, &[3])).await.unwrap();
+        sink.add_batch(0, Arc::clone(&schema), rows(&schema, &[1, 2]))
+            .await
+            .unwrap();
+        sink.add_batch(1, Arc::clone(&schema), rows(&schema, &[3]))
+            .await
+            .unwrap();
         assert_eq!(sink.data().snapshot(), rows(&schema, &[3]));
         assert_eq!(sink.data().latest_batch_id(), Some(1));
     }

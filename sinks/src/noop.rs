@@ -22,7 +22,12 @@ impl Sink for NoopSink {
         true
     }
 
-    async fn add_batch(&self, _batch_id: u64, _schema: SchemaRef, _batches: Vec<RecordBatch>) -> Result<()> {
+    async fn add_batch(
+        &self,
+        _batch_id: u64,
+        _schema: SchemaRef,
+        _batches: Vec<RecordBatch>,
+    ) -> Result<()> {
         Ok(())
     }
 

@@ -36,11 +36,19 @@ impl MemoryStream {
     }
 
     /// A new stream whose micro-batches read at most `max_rows_per_trigger` rows each.
-    pub fn with_max_rows_per_trigger(name: impl Into<String>, schema: SchemaRef, max_rows_per_trigger: u64) -> Self {
+    pub fn with_max_rows_per_trigger(
+        name: impl Into<String>,
+        schema: SchemaRef,
+        max_rows_per_trigger: u64,
+    ) -> Self {
         Self::with_limit(name, schema, Some(max_rows_per_trigger.max(1)))
     }
 
-    fn with_limit(name: impl Into<String>, schema: SchemaRef, max_rows_per_trigger: Option<u64>) -> Self {
+    fn with_limit(
+        name: impl Into<String>,
+        schema: SchemaRef,
+        max_rows_per_trigger: Option<u64>,
+    ) -> Self {
         Self {
             inner: Arc::new(Inner {
                 name: name.into(),
@@ -77,7 +85,9 @@ impl MemoryStream {
             .into());
         }
         let mut batches = self.inner.batches.write().map_err(|_| poisoned())?;
-        let before = batches.last().map_or(0, |(start, b)| start + b.num_rows() as u64);
+        let before = batches
+            .last()
+            .map_or(0, |(start, b)| start + b.num_rows() as u64);
         let after = before + batch.num_rows() as u64;
         if batch.num_rows() > 0 {
             batches.push((before, batch));
@@ -162,11 +172,13 @@ struct MemoryReader {
 }
 
 fn rows_of(o: &Offset) -> Result<u64> {
-    o.as_long().and_then(|n| u64::try_from(n).ok()).ok_or_else(|| {
-        Error::Corrupt(format!(
-            "The offsets log holds '{o}' for a memory source, which expects a row count."
-        ))
-    })
+    o.as_long()
+        .and_then(|n| u64::try_from(n).ok())
+        .ok_or_else(|| {
+            Error::Corrupt(format!(
+                "The offsets log holds '{o}' for a memory source, which expects a row count."
+            ))
+        })
 }
 
 #[async_trait]
@@ -214,13 +226,17 @@ impl MicroBatchStream for MemoryReader {
 
 #[cfg(test)]
 mod tests {
-    use arrow::array::{Array, Int64Array};
+    use arrow::array::Int64Array;
     use arrow::datatypes::{DataType, Field, Schema};
 
     use super::*;
 
     fn batch(schema: &SchemaRef, v: &[i64]) -> RecordBatch {
-        RecordBatch::try_new(Arc::clone(schema), vec![Arc::new(Int64Array::from(v.to_vec()))]).unwrap()
+        RecordBatch::try_new(
+            Arc::clone(schema),
+            vec![Arc::new(Int64Array::from(v.to_vec()))],
+        )
+        .unwrap()
     }
 
     #[tokio::test]
@@ -233,20 +249,30 @@ mod tests {
         let ctx = SourceContext {
             metadata: weir_common::Location::local(dir.path()).unwrap(),
         };
-        let mut r = MemoryStreamProvider::new(stream.clone()).open(ctx).await.unwrap();
+        let mut r = MemoryStreamProvider::new(stream.clone())
+            .open(ctx)
+            .await
+            .unwrap();
         let limit = r.default_read_limit();
         let o0 = r.initial_offset();
         let o1 = r.latest_offset(&o0, limit).await.unwrap();
         assert_eq!(o1, Offset::long(3));
         let got: Vec<i64> = r.get_batch(&o0, &o1).await.unwrap()[0]
             .iter()
-            .flat_map(|b| b.column(0).as_any().downcast_ref::<Int64Array>().unwrap().values().to_vec())
+            .flat_map(|b| {
+                b.column(0)
+                    .as_any()
+                    .downcast_ref::<Int64Array>()
+                    .unwrap()
+                    .values()
+                    .to_vec()
+            })
             .collect();
         assert_eq!(got, vec![1, 2, 3]);
         let o2 = r.latest_offset(&o1, limit).await.unwrap();
         assert_eq!(o2, Offset::long(5));
         let again = r.get_batch(&o1, &o2).await.unwrap();
-        assert_eq!(again[0].iter().map(|b| b.len()).sum::<usize>(), 2);
+        assert_eq!(again[0].iter().map(|b| b.num_rows()).sum::<usize>(), 2);
     }
 
     #[test]

@@ -52,8 +52,10 @@ pub(crate) fn generate_partition(
     while i < count {
         let n = (count - i).min(CHUNK_ROWS as i64);
         let values = Int64Array::from_iter_values((i..i + n).map(|k| first + k * num_partitions));
-        let ts = TimestampMicrosecondArray::from_iter_values(values.values().iter().map(|&v| ts_micros(v)))
-            .with_timezone("UTC");
+        let ts = TimestampMicrosecondArray::from_iter_values(
+            values.values().iter().map(|&v| ts_micros(v)),
+        )
+        .with_timezone("UTC");
         out.push(RecordBatch::try_new(
             Arc::clone(schema),
             vec![Arc::new(ts), Arc::new(values)],
@@ -110,9 +112,9 @@ impl SourceProvider for RateSourceProvider {
         Ok(Box::new(RateStream {
             def: self.clone(),
             start_time_ms,
-            partitions: self
-                .num_partitions
-                .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get() as i64)),
+            partitions: self.num_partitions.unwrap_or_else(|| {
+                std::thread::available_parallelism().map_or(1, |n| n.get() as i64)
+            }),
             latest: None,
             available_now_target: None,
         }))
@@ -223,7 +225,9 @@ impl MicroBatchStream for RateStream {
         let start = Self::seconds(start)?;
         let elapsed = ((now_ms() - self.start_time_ms) / 1000).max(start);
         self.latest = Some(elapsed);
-        let end = self.available_now_target.map_or(elapsed, |t| elapsed.min(t).max(start));
+        let end = self
+            .available_now_target
+            .map_or(elapsed, |t| elapsed.min(t).max(start));
         Ok(Offset::long(end))
     }
 
@@ -250,9 +254,20 @@ impl MicroBatchStream for RateStream {
         } else {
             0.0
         };
-        let ts = |v: i64| (local_start_ms + ((v - range_start) as f64 * ms_per_value).round() as i64) * 1000;
+        let ts = |v: i64| {
+            (local_start_ms + ((v - range_start) as f64 * ms_per_value).round() as i64) * 1000
+        };
         (0..self.partitions)
-            .map(|p| generate_partition(&self.def.schema, range_start, range_end, p, self.partitions, ts))
+            .map(|p| {
+                generate_partition(
+                    &self.def.schema,
+                    range_start,
+                    range_end,
+                    p,
+                    self.partitions,
+                    ts,
+                )
+            })
             .collect()
     }
 
@@ -291,28 +306,43 @@ mod tests {
             metadata: weir_common::Location::local(dir.path()).unwrap(),
         };
         let def = RateSourceProvider::try_new(
-            &Options::new().with("rowsPerSecond", "10").with("numPartitions", "3"),
+            &Options::new()
+                .with("rowsPerSecond", "10")
+                .with("numPartitions", "3"),
         )
         .unwrap();
         let mut s = def.open(ctx.clone()).await.unwrap();
         let start_file = std::fs::read_to_string(dir.path().join("0")).unwrap();
         let start_ms: i64 = start_file.strip_prefix("v1\n").unwrap().parse().unwrap();
-        let parts = s.get_batch(&Offset::long(1), &Offset::long(3)).await.unwrap();
+        let parts = s
+            .get_batch(&Offset::long(1), &Offset::long(3))
+            .await
+            .unwrap();
         assert_eq!(parts.len(), 3);
         let mut values: Vec<i64> = vec![];
         for b in parts.iter().flatten() {
             let v = b.column(1).as_any().downcast_ref::<Int64Array>().unwrap();
-            let t = b.column(0).as_any().downcast_ref::<TimestampMicrosecondArray>().unwrap();
+            let t = b
+                .column(0)
+                .as_any()
+                .downcast_ref::<TimestampMicrosecondArray>()
+                .unwrap();
             for i in 0..b.num_rows() {
                 values.push(v.value(i));
                 let rel_ms = t.value(i) / 1000 - start_ms;
-                assert!((1000..3000).contains(&rel_ms), "timestamp {rel_ms} ms outside seconds 1..3");
+                assert!(
+                    (1000..3000).contains(&rel_ms),
+                    "timestamp {rel_ms} ms outside seconds 1..3"
+                );
             }
         }
         values.sort();
         assert_eq!(values, (10..30).collect::<Vec<_>>());
         // The start time is kept: opening again (a restart) does not rewrite it.
         let _again = def.open(ctx).await.unwrap();
-        assert_eq!(std::fs::read_to_string(dir.path().join("0")).unwrap(), start_file);
+        assert_eq!(
+            std::fs::read_to_string(dir.path().join("0")).unwrap(),
+            start_file
+        );
     }
 }

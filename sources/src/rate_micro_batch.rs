@@ -90,9 +90,9 @@ impl SourceProvider for RateMicroBatchSourceProvider {
 
     async fn open(&self, _ctx: SourceContext) -> Result<Box<dyn MicroBatchStream>> {
         Ok(Box::new(RateMicroBatchStream {
-            partitions: self
-                .num_partitions
-                .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get() as i64)),
+            partitions: self.num_partitions.unwrap_or_else(|| {
+                std::thread::available_parallelism().map_or(1, |n| n.get() as i64)
+            }),
             def: self.clone(),
             available_now_target: None,
             latest: None,
@@ -154,11 +154,21 @@ impl MicroBatchStream for RateMicroBatchStream {
     }
 
     async fn get_batch(&mut self, start: &Offset, end: &Offset) -> Result<Partitions> {
-        let (s, e) = (RateMicroBatchOffset::from(start)?, RateMicroBatchOffset::from(end)?);
+        let (s, e) = (
+            RateMicroBatchOffset::from(start)?,
+            RateMicroBatchOffset::from(end)?,
+        );
         let ts_micros = s.timestamp * 1000;
         (0..self.partitions)
             .map(|p| {
-                generate_partition(&self.def.schema, s.offset, e.offset, p, self.partitions, |_| ts_micros)
+                generate_partition(
+                    &self.def.schema,
+                    s.offset,
+                    e.offset,
+                    p,
+                    self.partitions,
+                    |_| ts_micros,
+                )
             })
             .collect()
     }
@@ -187,7 +197,9 @@ mod tests {
     async fn every_batch_has_exactly_rows_per_batch_consecutive_values_at_its_batch_time() {
         let dir = tempfile::tempdir().unwrap();
         let def = RateMicroBatchSourceProvider::try_new(
-            &Options::new().with("rowsPerBatch", "7").with("numPartitions", "2"),
+            &Options::new()
+                .with("rowsPerBatch", "7")
+                .with("numPartitions", "2"),
         )
         .unwrap();
         let mut s = def.open(ctx(&dir)).await.unwrap();
@@ -199,7 +211,11 @@ mod tests {
         let mut values = vec![];
         for b in parts.iter().flatten() {
             let v = b.column(1).as_any().downcast_ref::<Int64Array>().unwrap();
-            let t = b.column(0).as_any().downcast_ref::<TimestampMicrosecondArray>().unwrap();
+            let t = b
+                .column(0)
+                .as_any()
+                .downcast_ref::<TimestampMicrosecondArray>()
+                .unwrap();
             values.extend(v.values().iter().copied());
             assert!(t.values().iter().all(|&t| t == 1_000_000));
         }
@@ -212,14 +228,17 @@ mod tests {
     #[tokio::test]
     async fn available_now_stops_after_one_more_batch() {
         let dir = tempfile::tempdir().unwrap();
-        let def =
-            RateMicroBatchSourceProvider::try_new(&Options::new().with("rowsPerBatch", "5")).unwrap();
+        let def = RateMicroBatchSourceProvider::try_new(&Options::new().with("rowsPerBatch", "5"))
+            .unwrap();
         let mut s = def.open(ctx(&dir)).await.unwrap();
         let o0 = s.initial_offset();
         let target = s.prepare_for_available_now(&o0).await.unwrap();
         let o1 = s.latest_offset(&o0, ReadLimit::AllAvailable).await.unwrap();
         assert_eq!(o1, target);
-        assert_eq!(s.latest_offset(&o1, ReadLimit::AllAvailable).await.unwrap(), o1);
+        assert_eq!(
+            s.latest_offset(&o1, ReadLimit::AllAvailable).await.unwrap(),
+            o1
+        );
     }
 
     #[test]

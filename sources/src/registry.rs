@@ -105,7 +105,10 @@ mod tests {
     fn sql_spelling_with_underscores_finds_the_format() {
         let r = SourceRegistry::with_builtins();
         let src = r
-            .create("RATE_MICRO_BATCH", &Options::new().with("rowsPerBatch", "5"))
+            .create(
+                "RATE_MICRO_BATCH",
+                &Options::new().with("rowsPerBatch", "5"),
+            )
             .unwrap();
         assert_eq!(src.format(), "rate-micro-batch");
     }

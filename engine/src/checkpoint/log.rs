@@ -67,7 +67,12 @@ fn version_line(text: &str) -> Result<(u32, std::str::Lines<'_>), DecodeError> {
     let v: u32 = first
         .strip_prefix('v')
         .and_then(|n| n.trim().parse().ok())
-        .ok_or_else(|| format!("does not start with a version line (found '{}')", truncate(first)))?;
+        .ok_or_else(|| {
+            format!(
+                "does not start with a version line (found '{}')",
+                truncate(first)
+            )
+        })?;
     if v > LOG_VERSION {
         return Err(format!(
             "has format version v{v}, newer than this weir reads (v{LOG_VERSION}): it was written \
@@ -151,7 +156,10 @@ mod tests {
     fn offsets_entries_round_trip_in_a_readable_format() {
         let text = entry().encode();
         assert!(text.starts_with("v1\n{\"batchWatermarkMs\":0,"), "{text}");
-        assert!(text.ends_with("{\"start\":3,\"end\":{\"offset\":10,\"timestamp\":1000}}"), "{text}");
+        assert!(
+            text.ends_with("{\"start\":3,\"end\":{\"offset\":10,\"timestamp\":1000}}"),
+            "{text}"
+        );
         assert_eq!(OffsetEntry::decode(text.as_bytes()).unwrap(), entry());
     }
 
@@ -161,9 +169,19 @@ mod tests {
         let cut = &text.as_bytes()[..text.len() / 2];
         assert!(OffsetEntry::decode(cut).unwrap_err().contains("unreadable"));
         assert!(OffsetEntry::decode(b"").unwrap_err().contains("empty"));
-        assert!(OffsetEntry::decode(b"v9\n{}").unwrap_err().contains("newer"));
-        assert!(CommitEntry::decode(b"garbage").unwrap_err().contains("version line"));
-        let c = CommitEntry { next_batch_watermark_ms: 5 };
+        assert!(
+            OffsetEntry::decode(b"v9\n{}")
+                .unwrap_err()
+                .contains("newer")
+        );
+        assert!(
+            CommitEntry::decode(b"garbage")
+                .unwrap_err()
+                .contains("version line")
+        );
+        let c = CommitEntry {
+            next_batch_watermark_ms: 5,
+        };
         assert_eq!(CommitEntry::decode(c.encode().as_bytes()).unwrap(), c);
     }
 }

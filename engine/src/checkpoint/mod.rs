@@ -80,13 +80,17 @@ impl Checkpoint {
                     id: Uuid::new_v4(),
                     weir_checkpoint_version: Some(CHECKPOINT_VERSION),
                 };
-                let text = serde_json::to_string(&fresh).map_err(|e| Error::Internal(e.to_string()))?;
+                let text =
+                    serde_json::to_string(&fresh).map_err(|e| Error::Internal(e.to_string()))?;
                 location.put_if_absent(METADATA, Bytes::from(text)).await?;
                 // Another starter may have won the race: its id counts.
-                let bytes = location.get(METADATA).await?.ok_or_else(|| Error::Corrupt {
-                    file: format!("{}/{METADATA}", location.display()),
-                    problem: "vanished right after it was written".into(),
-                })?;
+                let bytes = location
+                    .get(METADATA)
+                    .await?
+                    .ok_or_else(|| Error::Corrupt {
+                        file: format!("{}/{METADATA}", location.display()),
+                        problem: "vanished right after it was written".into(),
+                    })?;
                 parse_metadata(&location, &bytes)?
             }
         };
@@ -157,10 +161,14 @@ impl Checkpoint {
     /// Reads `offsets/<batch>`.
     pub async fn read_offsets(&self, batch: u64) -> Result<OffsetEntry> {
         let rel = format!("{OFFSETS}/{batch}");
-        let bytes = self.location.get(&rel).await?.ok_or_else(|| Error::Corrupt {
-            file: self.file(&rel),
-            problem: "is missing".into(),
-        })?;
+        let bytes = self
+            .location
+            .get(&rel)
+            .await?
+            .ok_or_else(|| Error::Corrupt {
+                file: self.file(&rel),
+                problem: "is missing".into(),
+            })?;
         OffsetEntry::decode(&bytes).map_err(|problem| Error::Corrupt {
             file: self.file(&rel),
             problem,
@@ -170,10 +178,14 @@ impl Checkpoint {
     /// Reads `commits/<batch>`.
     pub async fn read_commit(&self, batch: u64) -> Result<CommitEntry> {
         let rel = format!("{COMMITS}/{batch}");
-        let bytes = self.location.get(&rel).await?.ok_or_else(|| Error::Corrupt {
-            file: self.file(&rel),
-            problem: "is missing".into(),
-        })?;
+        let bytes = self
+            .location
+            .get(&rel)
+            .await?
+            .ok_or_else(|| Error::Corrupt {
+                file: self.file(&rel),
+                problem: "is missing".into(),
+            })?;
         CommitEntry::decode(&bytes).map_err(|problem| Error::Corrupt {
             file: self.file(&rel),
             problem,
@@ -199,18 +211,25 @@ impl Checkpoint {
 
     /// Writes `offsets/<batch>`, create-only: the fence against a second writer.
     pub async fn write_offsets(&self, batch: u64, entry: &OffsetEntry) -> Result<()> {
-        self.create(format!("{OFFSETS}/{batch}"), entry.encode(), batch).await
+        self.create(format!("{OFFSETS}/{batch}"), entry.encode(), batch)
+            .await
     }
 
     /// Writes `commits/<batch>`, create-only.
     pub async fn write_commit(&self, batch: u64, entry: &CommitEntry) -> Result<()> {
-        self.create(format!("{COMMITS}/{batch}"), entry.encode(), batch).await
+        self.create(format!("{COMMITS}/{batch}"), entry.encode(), batch)
+            .await
     }
 
     /// Deletes log entries of batches below `below`.
     pub async fn purge_below(&self, below: u64) -> Result<()> {
         for dir in [OFFSETS, COMMITS] {
-            for id in self.ids(dir).await?.into_iter().take_while(|&id| id < below) {
+            for id in self
+                .ids(dir)
+                .await?
+                .into_iter()
+                .take_while(|&id| id < below)
+            {
                 self.location.delete(&format!("{dir}/{id}")).await?;
             }
         }
@@ -299,12 +318,18 @@ mod tests {
     #[tokio::test]
     async fn a_second_open_of_a_held_checkpoint_is_refused_and_the_first_keeps_it() {
         let dir = tempfile::tempdir().unwrap();
-        let first = Checkpoint::open(Location::local(dir.path()).unwrap(), false).await.unwrap();
-        let err = Checkpoint::open(Location::local(dir.path()).unwrap(), false).await.unwrap_err();
+        let first = Checkpoint::open(Location::local(dir.path()).unwrap(), false)
+            .await
+            .unwrap();
+        let err = Checkpoint::open(Location::local(dir.path()).unwrap(), false)
+            .await
+            .unwrap_err();
         assert_eq!(err.error_class(), "CONCURRENT_QUERY");
         let id = first.id();
         drop(first);
-        let again = Checkpoint::open(Location::local(dir.path()).unwrap(), false).await.unwrap();
+        let again = Checkpoint::open(Location::local(dir.path()).unwrap(), false)
+            .await
+            .unwrap();
         assert_eq!(again.id(), id, "the query id survives a restart");
     }
 
@@ -312,13 +337,21 @@ mod tests {
     async fn a_foreign_directory_is_refused_and_left_untouched() {
         let dir = tempfile::tempdir().unwrap();
         std::fs::write(dir.path().join("data.csv"), "a,b\n").unwrap();
-        let err = Checkpoint::open(Location::local(dir.path()).unwrap(), false).await.unwrap_err();
+        let err = Checkpoint::open(Location::local(dir.path()).unwrap(), false)
+            .await
+            .unwrap_err();
         assert_eq!(err.error_class(), "CHECKPOINT_LOCATION_NOT_WEIR");
         assert!(!dir.path().join("metadata").exists());
 
         let spark = tempfile::tempdir().unwrap();
-        std::fs::write(spark.path().join("metadata"), r#"{"id":"57d2ba4f-554e-42f5-aba4-a54496a75da3"}"#).unwrap();
-        let err = Checkpoint::open(Location::local(spark.path()).unwrap(), false).await.unwrap_err();
+        std::fs::write(
+            spark.path().join("metadata"),
+            r#"{"id":"57d2ba4f-554e-42f5-aba4-a54496a75da3"}"#,
+        )
+        .unwrap();
+        let err = Checkpoint::open(Location::local(spark.path()).unwrap(), false)
+            .await
+            .unwrap_err();
         assert_eq!(err.error_class(), "CHECKPOINT_LOCATION_NOT_WEIR");
         assert!(err.to_string().contains("Apache Spark"), "{err}");
     }
@@ -326,7 +359,9 @@ mod tests {
     #[tokio::test]
     async fn the_wal_is_create_only() {
         let dir = tempfile::tempdir().unwrap();
-        let cp = Checkpoint::open(Location::local(dir.path()).unwrap(), false).await.unwrap();
+        let cp = Checkpoint::open(Location::local(dir.path()).unwrap(), false)
+            .await
+            .unwrap();
         let e = OffsetEntry {
             metadata: BatchMetadata {
                 batch_watermark_ms: 0,
@@ -338,8 +373,18 @@ mod tests {
         cp.write_offsets(0, &e).await.unwrap();
         let err = cp.write_offsets(0, &e).await.unwrap_err();
         assert_eq!(err.error_class(), "CONCURRENT_STREAM_LOG_UPDATE");
-        assert_eq!(cp.resume_point().await.unwrap(), Resume::Replay { batch: 0 });
-        cp.write_commit(0, &CommitEntry { next_batch_watermark_ms: 0 }).await.unwrap();
+        assert_eq!(
+            cp.resume_point().await.unwrap(),
+            Resume::Replay { batch: 0 }
+        );
+        cp.write_commit(
+            0,
+            &CommitEntry {
+                next_batch_watermark_ms: 0,
+            },
+        )
+        .await
+        .unwrap();
         assert_eq!(cp.resume_point().await.unwrap(), Resume::After { last: 0 });
     }
 }

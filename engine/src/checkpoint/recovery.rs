@@ -64,11 +64,20 @@ mod tests {
     #[test]
     fn resumes_after_the_last_commit_or_replays_the_uncommitted_batch() {
         assert_eq!(resume_point(&[], &[]), Ok(Resume::Fresh));
-        assert_eq!(resume_point(&[0, 1, 2], &[0, 1, 2]), Ok(Resume::After { last: 2 }));
-        assert_eq!(resume_point(&[0, 1, 2], &[0, 1]), Ok(Resume::Replay { batch: 2 }));
+        assert_eq!(
+            resume_point(&[0, 1, 2], &[0, 1, 2]),
+            Ok(Resume::After { last: 2 })
+        );
+        assert_eq!(
+            resume_point(&[0, 1, 2], &[0, 1]),
+            Ok(Resume::Replay { batch: 2 })
+        );
         assert_eq!(resume_point(&[0], &[]), Ok(Resume::Replay { batch: 0 }));
         // Purged logs keep working: only the newest entries matter.
-        assert_eq!(resume_point(&[98, 99, 100], &[98, 99]), Ok(Resume::Replay { batch: 100 }));
+        assert_eq!(
+            resume_point(&[98, 99, 100], &[98, 99]),
+            Ok(Resume::Replay { batch: 100 })
+        );
     }
 
     #[test]
