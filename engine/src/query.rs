@@ -205,7 +205,7 @@ impl StreamingQuery {
 
     /// Stops the query after the batch in progress, and waits until it has stopped.
     pub async fn stop(&self) {
-        let _ = self.shared.stop.send(true);
+        self.shared.stop.send_replace(true);
         let task = self.task.lock().ok().and_then(|mut t| t.take());
         if let Some(t) = task {
             let _ = t.await;

@@ -1,0 +1,351 @@
+//! The Rust embedding API end to end: memory stream in, DataFrame transformations, every
+//! sink kind out, restart from a checkpoint, listeners and the query handle.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use weir::datafusion::arrow::array::{Int64Array, RecordBatch, StringArray};
+use weir::datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef};
+use weir::datafusion::prelude::{col, lit};
+use weir::{
+    DataFrameStreamExt, MemoryStream, QueryProgressEvent, QueryStartedEvent, QueryTerminatedEvent,
+    StatementResult, StreamingQueryListener, Trigger, WeirSession,
+};
+
+fn schema() -> SchemaRef {
+    Arc::new(Schema::new(vec![
+        Field::new("k", DataType::Int64, false),
+        Field::new("name", DataType::Utf8, false),
+    ]))
+}
+
+fn rows(ks: &[i64]) -> RecordBatch {
+    RecordBatch::try_new(
+        schema(),
+        vec![
+            Arc::new(Int64Array::from(ks.to_vec())),
+            Arc::new(StringArray::from(
+                ks.iter().map(|k| format!("n{k}")).collect::<Vec<_>>(),
+            )),
+        ],
+    )
+    .unwrap()
+}
+
+async fn ints(session: &WeirSession, sql: &str) -> Vec<i64> {
+    let batches = session
+        .context()
+        .sql(sql)
+        .await
+        .unwrap()
+        .collect()
+        .await
+        .unwrap();
+    batches
+        .iter()
+        .flat_map(|b| {
+            b.column(0)
+                .as_any()
+                .downcast_ref::<Int64Array>()
+                .unwrap()
+                .values()
+                .to_vec()
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn memory_stream_to_memory_sink_is_queryable_while_running_and_resumes_after_restart() {
+    let session = WeirSession::new();
+    let stream = MemoryStream::new("events", schema());
+    session.register_memory_stream(&stream);
+    stream.push(rows(&[1, 2, 3, 4])).unwrap();
+    let ck = tempfile::tempdir().unwrap();
+
+    let start = || async {
+        session
+            .read_stream()
+            .table("events")
+            .unwrap()
+            .filter(col("k").gt(lit(1)))
+            .unwrap()
+            .select(vec![col("k"), (col("k") * lit(10)).alias("k10")])
+            .unwrap()
+            .write_stream()
+            .unwrap()
+            .format("memory")
+            .query_name("out")
+            .checkpoint_location(ck.path().to_str().unwrap())
+            .start()
+            .await
+            .unwrap()
+    };
+    let q = start().await;
+    q.process_all_available().await.unwrap();
+    assert_eq!(
+        ints(&session, "SELECT k FROM out ORDER BY k").await,
+        vec![2, 3, 4]
+    );
+    stream.push(rows(&[5])).unwrap();
+    q.process_all_available().await.unwrap();
+    assert_eq!(
+        ints(&session, "SELECT k10 FROM out ORDER BY k").await,
+        vec![20, 30, 40, 50]
+    );
+    let first_id = q.id();
+    let batches_before = q.recent_progress().len();
+    assert!(batches_before >= 2);
+    q.stop().await;
+    assert!(!q.is_active());
+
+    // Rows pushed while stopped are read after the restart; nothing is read twice.
+    stream.push(rows(&[6, 0])).unwrap();
+    let q2 = start().await;
+    assert_eq!(q2.id(), first_id, "the query id comes from the checkpoint");
+    assert_ne!(q2.run_id(), q.run_id());
+    q2.process_all_available().await.unwrap();
+    // The memory sink is new for the new run, as in Spark: it holds this run's output.
+    assert_eq!(
+        ints(&session, "SELECT k FROM out ORDER BY k").await,
+        vec![6]
+    );
+    let p = q2.last_progress().unwrap();
+    assert_eq!(p.num_input_rows, 2);
+    assert_eq!(p.sources[0].start_offset, Some(serde_json::json!(5)));
+    assert_eq!(p.sources[0].end_offset, Some(serde_json::json!(7)));
+    q2.stop().await;
+}
+
+#[derive(Default)]
+struct Recorder(Mutex<Vec<String>>);
+
+impl StreamingQueryListener for Recorder {
+    fn on_query_started(&self, e: &QueryStartedEvent) {
+        self.0
+            .lock()
+            .unwrap()
+            .push(format!("started {}", e.name.clone().unwrap_or_default()));
+    }
+    fn on_query_progress(&self, e: &QueryProgressEvent) {
+        self.0
+            .lock()
+            .unwrap()
+            .push(format!("progress {}", e.progress.batch_id));
+    }
+    fn on_query_terminated(&self, e: &QueryTerminatedEvent) {
+        self.0
+            .lock()
+            .unwrap()
+            .push(format!("terminated {:?}", e.exception));
+    }
+}
+
+#[tokio::test]
+async fn foreach_batch_sees_every_batch_and_listeners_see_the_lifecycle() {
+    let session = WeirSession::new();
+    let recorder = Arc::new(Recorder::default());
+    session.streams().add_listener(recorder.clone());
+    let seen: Arc<Mutex<Vec<(u64, usize)>>> = Arc::default();
+    let seen2 = Arc::clone(&seen);
+    let q = session
+        .read_stream()
+        .format("rate-micro-batch")
+        .option("rowsPerBatch", 10)
+        .option("numPartitions", 3)
+        .load()
+        .unwrap()
+        .write_stream()
+        .unwrap()
+        .query_name("fe")
+        .max_batches(3)
+        .foreach_batch(move |id, batches: Vec<RecordBatch>| {
+            let seen = Arc::clone(&seen2);
+            async move {
+                seen.lock()
+                    .unwrap()
+                    .push((id, batches.iter().map(|b| b.num_rows()).sum()));
+                Ok(())
+            }
+        })
+        .start()
+        .await
+        .unwrap();
+    q.await_termination().await.unwrap();
+    assert_eq!(*seen.lock().unwrap(), vec![(0, 10), (1, 10), (2, 10)]);
+    assert_eq!(q.recent_progress().len(), 3);
+    assert_eq!(q.status().message, "Stopped");
+    // The listener thread delivers asynchronously.
+    for _ in 0..100 {
+        if recorder.0.lock().unwrap().len() >= 5 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(
+        *recorder.0.lock().unwrap(),
+        vec![
+            "started fe",
+            "progress 0",
+            "progress 1",
+            "progress 2",
+            "terminated None"
+        ]
+    );
+}
+
+#[tokio::test]
+async fn a_failing_foreach_batch_fails_the_query_with_stream_failed() {
+    let session = WeirSession::new();
+    let q = session
+        .read_stream()
+        .format("rate-micro-batch")
+        .option("rowsPerBatch", 1)
+        .load()
+        .unwrap()
+        .write_stream()
+        .unwrap()
+        .foreach_batch(|id, _| async move {
+            if id == 1 {
+                Err("boom".to_string())
+            } else {
+                Ok(())
+            }
+        })
+        .start()
+        .await
+        .unwrap();
+    let err = q.await_termination().await.unwrap_err();
+    assert_eq!(err.error_class(), "STREAM_FAILED");
+    assert_eq!(err.cause_error_class(), "FOREACH_BATCH_USER_FUNCTION_ERROR");
+    assert!(err.to_string().contains("boom"), "{err}");
+    assert_eq!(
+        q.recent_progress().len(),
+        1,
+        "batch 0 committed, batch 1 failed"
+    );
+}
+
+#[tokio::test]
+async fn available_now_reads_what_is_there_in_batches_within_the_limit_then_stops() {
+    let session = WeirSession::new();
+    let stream = MemoryStream::with_max_rows_per_trigger("limited", schema(), 2);
+    session.register_memory_stream(&stream);
+    stream.push(rows(&[1, 2, 3, 4, 5])).unwrap();
+    let q = session
+        .read_stream()
+        .table("limited")
+        .unwrap()
+        .write_stream()
+        .unwrap()
+        .format("noop")
+        .trigger(Trigger::AvailableNow)
+        .start()
+        .await
+        .unwrap();
+    q.await_termination().await.unwrap();
+    let sizes: Vec<u64> = q
+        .recent_progress()
+        .iter()
+        .map(|p| p.num_input_rows)
+        .collect();
+    assert_eq!(sizes, vec![2, 2, 1]);
+}
+
+#[tokio::test]
+async fn a_second_run_on_the_same_checkpoint_is_refused_and_the_first_keeps_running() {
+    let session = WeirSession::new();
+    let ck = tempfile::tempdir().unwrap();
+    let start = || async {
+        session
+            .read_stream()
+            .format("rate")
+            .option("rowsPerSecond", 10)
+            .load()
+            .unwrap()
+            .write_stream()
+            .unwrap()
+            .format("noop")
+            .checkpoint_location(ck.path().to_str().unwrap())
+            .start()
+            .await
+    };
+    let first = start().await.unwrap();
+    let err = start().await.unwrap_err();
+    assert_eq!(err.error_class(), "CONCURRENT_QUERY");
+    assert!(first.is_active());
+    first.stop().await;
+    assert!(first.exception().is_none());
+}
+
+#[tokio::test]
+async fn a_streaming_frame_cannot_be_collected_as_a_batch() {
+    let session = WeirSession::new();
+    let df = session.read_stream().format("rate").load().unwrap();
+    let err = df.collect().await.unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("NON_STREAMING_ACTION_ON_STREAMING_SOURCE"),
+        "{err}"
+    );
+}
+
+#[tokio::test]
+async fn unsupported_operations_and_options_are_refused_at_start() {
+    let session = WeirSession::new();
+    let cases = [
+        (
+            "SELECT value FROM STREAM rate() ORDER BY value",
+            "UNSUPPORTED_STREAMING_OPERATION.SORT",
+        ),
+        (
+            "SELECT count(*) FROM STREAM rate()",
+            "UNSUPPORTED_STREAMING_OPERATION.AGGREGATION",
+        ),
+        (
+            "SELECT * FROM STREAM rate(rowsPerSecond => 'fast')",
+            "STREAMING_INVALID_OPTION",
+        ),
+        (
+            "SELECT * FROM STREAM kafka(topic => 'x')",
+            "DATA_SOURCE_NOT_FOUND",
+        ),
+        ("SELECT * FROM STREAM nothing_here", "STREAM_NOT_FOUND"),
+        ("SELEC 1", "PARSE_SYNTAX_ERROR"),
+        (
+            "CREATE STREAMING TABLE t USING parquet LOCATION '/tmp/weir-never' AS SELECT * FROM STREAM rate()",
+            "CHECKPOINT_LOCATION_REQUIRED",
+        ),
+        (
+            "CREATE STREAMING TABLE t USING noop OPTIONS (outputMode 'sideways') AS SELECT * FROM STREAM rate()",
+            "STREAMING_OUTPUT_MODE.INVALID",
+        ),
+    ];
+    for (sql, class) in cases {
+        let err = session.sql(sql).await.unwrap_err();
+        assert_eq!(err.error_class(), class, "{sql}: {err}");
+    }
+    // A stream joined with a static table is fine.
+    session
+        .context()
+        .sql("CREATE TABLE dim AS VALUES (0, 'zero'), (2, 'two')")
+        .await
+        .unwrap();
+    let r = session
+        .sql(
+            "CREATE STREAMING TABLE j USING memory OPTIONS (trigger 'once') AS \
+             SELECT r.value, d.column2 AS name FROM STREAM rate_micro_batch(rowsPerBatch => 4) r \
+             JOIN dim d ON r.value = d.column1",
+        )
+        .await
+        .unwrap();
+    let StatementResult::Query(q) = r else {
+        panic!("expected a query")
+    };
+    q.await_termination().await.unwrap();
+    assert_eq!(
+        ints(&session, "SELECT value FROM j ORDER BY value").await,
+        vec![0, 2]
+    );
+}

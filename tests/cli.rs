@@ -1,0 +1,167 @@
+//! The `weir` command line, run as a real process.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::process::Command;
+
+fn weir(args: &[&str]) -> (bool, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_weir"))
+        .args(args)
+        .output()
+        .unwrap();
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).to_string(),
+        String::from_utf8_lossy(&out.stderr).to_string(),
+    )
+}
+
+#[test]
+fn console_output_and_progress_lines_with_sparks_field_names() {
+    let (ok, stdout, stderr) = weir(&[
+        "run",
+        "-e",
+        "SELECT value, value * 2 AS doubled FROM STREAM rate_micro_batch(rowsPerBatch => 4) WHERE value % 2 = 0",
+        "--max-batches",
+        "2",
+        "--progress",
+        "-",
+    ]);
+    assert!(ok, "{stderr}");
+    assert!(stdout.contains("Batch: 0\n"), "{stdout}");
+    assert!(stdout.contains("|value|doubled|"), "{stdout}");
+    assert!(stdout.contains("|    6|     12|"), "{stdout}");
+    let progress: Vec<serde_json::Value> = stdout
+        .lines()
+        .filter(|l| l.starts_with('{'))
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(progress.len(), 2);
+    let p = &progress[1];
+    assert_eq!(p["batchId"], 1);
+    assert_eq!(p["numInputRows"], 4);
+    assert_eq!(p["sink"]["numOutputRows"], 2);
+    for k in [
+        "latestOffset",
+        "walCommit",
+        "getBatch",
+        "queryPlanning",
+        "addBatch",
+        "commitOffsets",
+        "triggerExecution",
+    ] {
+        assert!(
+            p["durationMs"].get(k).is_some(),
+            "durationMs.{k} missing: {p}"
+        );
+    }
+    assert_eq!(
+        p["sources"][0]["endOffset"],
+        serde_json::json!({"offset": 8, "timestamp": 2000})
+    );
+}
+
+#[test]
+fn file_sinks_are_read_back_by_batch_sql_through_their_manifest() {
+    let dir = tempfile::tempdir().unwrap();
+    for format in ["csv", "json", "parquet"] {
+        let out = dir.path().join(format!("out-{format}"));
+        let ck = dir.path().join(format!("ck-{format}"));
+        let sql = format!(
+            "CREATE STREAMING TABLE t USING {format} LOCATION '{}' AS \
+             SELECT value, value % 3 AS m FROM STREAM rate_micro_batch(rowsPerBatch => 5)",
+            out.display()
+        );
+        let (ok, _, stderr) = weir(&[
+            "run",
+            "-e",
+            &sql,
+            "--checkpoint",
+            ck.to_str().unwrap(),
+            "--max-batches",
+            "3",
+        ]);
+        assert!(ok, "{format}: {stderr}");
+        let read = format!(
+            "CREATE EXTERNAL TABLE r STORED AS {} LOCATION '{}'; SELECT count(*) AS n, sum(value) AS s FROM r",
+            format.to_uppercase(),
+            out.display()
+        );
+        let (ok, stdout, stderr) = weir(&["run", "-e", &read]);
+        assert!(ok, "{format}: {stderr}");
+        // 3 batches of 5 rows: values 0..15, sum 105.
+        assert!(stdout.contains("| 15 | 105 |"), "{format}: {stdout}");
+    }
+}
+
+#[test]
+fn errors_have_a_class_and_a_nonzero_exit() {
+    let (ok, _, stderr) = weir(&["run", "-e", "SELECT * FROM STREAM rate(rowsPerSecnd => 5)"]);
+    assert!(!ok);
+    assert!(
+        stderr.contains("[STREAMING_INVALID_OPTION] Unknown option 'rowsPerSecnd'"),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("Accepted options: rowsPerSecond, rampUpTime, numPartitions"),
+        "{stderr}"
+    );
+    let (ok, _, stderr) = weir(&["run", "-e", "SELECT value FROM STREAM rate() LIMIT 1"]);
+    assert!(!ok);
+    assert!(
+        stderr.contains("UNSUPPORTED_STREAMING_OPERATION.LIMIT"),
+        "{stderr}"
+    );
+    let (ok, _, stderr) = weir(&[
+        "run",
+        "-e",
+        "SELECT value FROM STREAM rate()",
+        "--trigger",
+        "hourly-ish",
+    ]);
+    assert!(!ok);
+    assert!(stderr.contains("INVALID_TRIGGER"), "{stderr}");
+}
+
+#[test]
+fn a_foreign_checkpoint_directory_is_refused_and_left_as_it_was() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("notes.txt"), "mine").unwrap();
+    let (ok, _, stderr) = weir(&[
+        "run",
+        "-e",
+        "SELECT value FROM STREAM rate_micro_batch(rowsPerBatch => 1)",
+        "--checkpoint",
+        dir.path().to_str().unwrap(),
+        "--max-batches",
+        "1",
+    ]);
+    assert!(!ok);
+    assert!(stderr.contains("CHECKPOINT_LOCATION_NOT_WEIR"), "{stderr}");
+    let names: Vec<_> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert_eq!(names, vec!["notes.txt"]);
+}
+
+#[test]
+fn a_restart_continues_after_the_last_committed_batch() {
+    let dir = tempfile::tempdir().unwrap();
+    let ck = dir.path().join("ck");
+    let ck = ck.to_str().unwrap();
+    let sql = "SELECT value FROM STREAM rate_micro_batch(rowsPerBatch => 2)";
+    let (ok, first, _) = weir(&["run", "-e", sql, "--checkpoint", ck, "--max-batches", "2"]);
+    assert!(ok);
+    assert!(
+        first.contains("Batch: 1\n") && !first.contains("Batch: 2\n"),
+        "{first}"
+    );
+    let (ok, second, _) = weir(&["run", "-e", sql, "--checkpoint", ck, "--max-batches", "1"]);
+    assert!(ok);
+    assert!(second.contains("Batch: 2\n"), "{second}");
+    assert!(
+        second.contains("|    4|") && second.contains("|    5|"),
+        "{second}"
+    );
+}
