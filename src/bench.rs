@@ -1,12 +1,15 @@
 //! `weir bench`: named whole-query workloads on the deterministic `rate-micro-batch` source,
 //! the same ones as the Spark side-by-side script (`shared/reference/spark-bench`).
 
-use std::time::Instant;
+use std::sync::Arc;
 
 use datafusion::prelude::SessionConfig;
 use serde::Serialize;
 
-use crate::{Error, Result, ScriptOptions, StatementResult, StreamingQueryProgress, WeirSession};
+use crate::{
+    Error, QueryProgressEvent, Result, ScriptOptions, StatementResult, StreamingQueryListener,
+    StreamingQueryProgress, WeirSession,
+};
 
 /// What to run.
 #[derive(Debug, Clone)]
@@ -99,14 +102,17 @@ pub async fn run_bench(cfg: &BenchConfig) -> Result<BenchReport> {
     let session = WeirSession::with_config(
         SessionConfig::new().with_target_partitions(cfg.partitions.max(1)),
     );
-    let dir = std::env::temp_dir().join(format!("weir-bench-{}", uuid_like()));
+    let dir = std::env::temp_dir().join(format!("weir-bench-{}", uuid::Uuid::new_v4()));
     let opts = ScriptOptions {
         checkpoint: Some(dir.to_string_lossy().to_string()),
         max_batches: Some(cfg.warmup + cfg.batches),
         default_sink: Some("noop".into()),
         ..Default::default()
     };
-    let start = Instant::now();
+    // A listener sees every batch's progress (recent_progress keeps only the last 100).
+    let collected = Arc::new(Collector::default());
+    let collector: Arc<dyn StreamingQueryListener> = Arc::clone(&collected) as _;
+    session.streams().add_listener(Arc::clone(&collector));
     let mut results = session.run_script(&sql, &opts).await?;
     let Some(StatementResult::Query(q)) = results.pop() else {
         return Err(Error::Internal(
@@ -116,8 +122,13 @@ pub async fn run_bench(cfg: &BenchConfig) -> Result<BenchReport> {
     let done = q.await_termination().await;
     let _ = std::fs::remove_dir_all(&dir);
     done.map_err(|e| Error::Internal(e.to_string()))?;
-    let _ = start;
-    let progress: Vec<StreamingQueryProgress> = q.recent_progress();
+    session.streams().flush_listeners().await;
+    session.streams().remove_listener(&collector);
+    let progress = collected
+        .0
+        .lock()
+        .map(|mut p| std::mem::take(&mut *p))
+        .unwrap_or_default();
     let measured: Vec<&StreamingQueryProgress> =
         progress.iter().skip(cfg.warmup as usize).collect();
     let trig = |p: &StreamingQueryProgress| {
@@ -163,14 +174,16 @@ pub async fn run_bench(cfg: &BenchConfig) -> Result<BenchReport> {
     })
 }
 
-fn uuid_like() -> String {
-    format!(
-        "{}-{}",
-        std::process::id(),
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_nanos())
-    )
+/// Keeps every progress record of the bench's only query.
+#[derive(Default)]
+struct Collector(std::sync::Mutex<Vec<StreamingQueryProgress>>);
+
+impl StreamingQueryListener for Collector {
+    fn on_query_progress(&self, e: &QueryProgressEvent) {
+        if let Ok(mut p) = self.0.lock() {
+            p.push(e.progress.clone());
+        }
+    }
 }
 
 impl BenchReport {

@@ -27,7 +27,12 @@
 pub mod bench;
 
 pub use datafusion;
-pub use weir_common::{ClassifiedError, Options};
+pub use weir_common::{ClassifiedError, Location, Options};
 pub use weir_engine::*;
 pub use weir_sinks::{ForeachBatchSink, MemorySink, Sink, SinkRegistry};
 pub use weir_sources::{MemoryStream, Offset, ReadLimit, SourceProvider, SourceRegistry};
+
+/// The README's Rust example, compiled as a doc test so it cannot go stale.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;

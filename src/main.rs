@@ -173,8 +173,8 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                     for q in &queries { q.stop().await; }
                 }
             }
-            // Give the listener thread a moment to flush the last progress lines.
-            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+            // The last progress lines are written by the listener thread; wait for them.
+            session.streams().flush_listeners().await;
             Ok(())
         }
         Command::Bench {

@@ -1,6 +1,9 @@
 //! The `weir` command line, run as a real process.
 
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+#![expect(
+    clippy::unwrap_used,
+    reason = "a test fails loudly on any unexpected error"
+)]
 
 use std::process::Command;
 

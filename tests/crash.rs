@@ -2,7 +2,11 @@
 //! killed with SIGKILL at 24 points spread over every stage of the micro-batch loop, restarted
 //! each time; the sink must end up holding every value exactly once.
 
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+#![expect(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "a test fails loudly on any unexpected error"
+)]
 
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};

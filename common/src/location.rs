@@ -40,8 +40,8 @@ impl Location {
         let trimmed = location.trim();
         if trimmed.is_empty() {
             return Err(ClassifiedError::new(
-                "INVALID_PATH",
-                "42K0F",
+                "INVALID_EMPTY_LOCATION",
+                "42K05",
                 "An empty path was given; name a directory.",
             ));
         }

@@ -24,7 +24,7 @@ pub enum Error {
     /// A checkpoint file is damaged or from a newer weir.
     #[error(
         "[CHECKPOINT_FILE_CORRUPT] The checkpoint file '{file}' {problem}. Restore the file from \
-         a backup, or start the query with a new checkpoint location. SQLSTATE: XX001"
+         a backup, or start the query with a new checkpoint location. SQLSTATE: KD002"
     )]
     Corrupt {
         /// The file, as a path the user can open.
@@ -68,7 +68,14 @@ fn datafusion_class(e: &DataFusionError) -> (&'static str, &'static str) {
     match e.find_root() {
         DataFusionError::SQL(..) => ("PARSE_SYNTAX_ERROR", "42601"),
         DataFusionError::SchemaError(s, _) => match s.as_ref() {
-            datafusion::common::SchemaError::FieldNotFound { .. } => ("UNRESOLVED_COLUMN", "42703"),
+            datafusion::common::SchemaError::FieldNotFound { valid_fields, .. }
+                if valid_fields.is_empty() =>
+            {
+                ("UNRESOLVED_COLUMN.WITHOUT_SUGGESTION", "42703")
+            }
+            datafusion::common::SchemaError::FieldNotFound { .. } => {
+                ("UNRESOLVED_COLUMN.WITH_SUGGESTION", "42703")
+            }
             _ => ("INVALID_SCHEMA", "42K07"),
         },
         DataFusionError::Plan(m) if m.contains("not found") => ("TABLE_OR_VIEW_NOT_FOUND", "42P01"),
@@ -108,7 +115,7 @@ impl Error {
             Error::Sink(e) => (e.error_class(), "58030"),
             Error::DataFusion(e) => datafusion_class(e),
             Error::Storage(_) => ("CANNOT_ACCESS_CHECKPOINT", "58030"),
-            Error::Corrupt { .. } => ("CHECKPOINT_FILE_CORRUPT", "XX001"),
+            Error::Corrupt { .. } => ("CHECKPOINT_FILE_CORRUPT", "KD002"),
             Error::Internal(_) => ("INTERNAL_ERROR", "XX000"),
         }
     }

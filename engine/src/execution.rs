@@ -43,6 +43,50 @@ pub(crate) struct Execution {
     pub(crate) max_batches: Option<u64>,
     pub(crate) min_batches_to_retain: u64,
     pub(crate) conf: BTreeMap<String, String>,
+    /// Where a restarted run continues; `None` for a fresh checkpoint.
+    pub(crate) restart: Option<RestartPoint>,
+}
+
+/// Where a run on an existing checkpoint continues, read and checked before the query starts.
+pub(crate) enum RestartPoint {
+    /// After batch `last`, which committed; `entry` is its offsets log entry.
+    After { last: u64, entry: OffsetEntry },
+    /// Re-run `batch`, which was logged (`entry`) but not committed.
+    Replay { batch: u64, entry: OffsetEntry },
+}
+
+impl RestartPoint {
+    /// Reads where `checkpoint` left off and checks that the logged batch read as many sources
+    /// as the query has now.
+    pub(crate) async fn read(checkpoint: &Checkpoint, sources: usize) -> Result<Option<Self>> {
+        let (point, batch) = match checkpoint.resume_point().await? {
+            Resume::Fresh => return Ok(None),
+            Resume::After { last } => {
+                let entry = checkpoint.read_offsets(last).await?;
+                (Self::After { last, entry }, last)
+            }
+            Resume::Replay { batch } => {
+                let entry = checkpoint.read_offsets(batch).await?;
+                (Self::Replay { batch, entry }, batch)
+            }
+        };
+        let logged = match &point {
+            Self::After { entry, .. } | Self::Replay { entry, .. } => entry.sources.len(),
+        };
+        if logged != sources {
+            return Err(Error::user(
+                "STREAMING_QUERY_SOURCES_CHANGED",
+                "42K03",
+                format!(
+                    "The checkpoint's batch {batch} read {logged} source(s), but the query now has \
+                     {sources}. A query restarted from a checkpoint must read the same sources in \
+                     the same order; undo the change, or start the changed query with a new \
+                     checkpoint location."
+                ),
+            ));
+        }
+        Ok(Some(point))
+    }
 }
 
 enum TriggerOutcome {
@@ -110,30 +154,24 @@ impl Execution {
             };
             streams.push(t.source().open(ctx).await?);
         }
-        let (next_batch, starts, replay) = match self.checkpoint.resume_point().await? {
-            Resume::Fresh => (
+        let (next_batch, starts, replay) = match self.restart.take() {
+            None => (
                 0,
                 streams.iter().map(|s| s.initial_offset()).collect(),
                 None,
             ),
-            Resume::After { last } => {
-                let e = self.checkpoint.read_offsets(last).await?;
-                self.check_source_count(&e, last)?;
-                (
-                    last + 1,
-                    e.sources.into_iter().map(|r| r.end).collect(),
-                    None,
-                )
-            }
-            Resume::Replay { batch } => {
-                let e = self.checkpoint.read_offsets(batch).await?;
-                self.check_source_count(&e, batch)?;
+            Some(RestartPoint::After { last, entry }) => (
+                last + 1,
+                entry.sources.into_iter().map(|r| r.end).collect(),
+                None,
+            ),
+            Some(RestartPoint::Replay { batch, entry }) => {
                 info!(
                     batch,
                     "replaying the batch that was planned but not committed"
                 );
-                let starts = e.sources.iter().map(|r| r.start.clone()).collect();
-                (batch, starts, Some(e))
+                let starts = entry.sources.iter().map(|r| r.start.clone()).collect();
+                (batch, starts, Some(entry))
             }
         };
         let limits = streams
@@ -223,23 +261,6 @@ impl Execution {
                 }
             }
         }
-    }
-
-    fn check_source_count(&self, e: &OffsetEntry, batch: u64) -> Result<()> {
-        if e.sources.len() == self.tables.len() {
-            return Ok(());
-        }
-        Err(Error::user(
-            "STREAMING_QUERY_SOURCES_CHANGED",
-            "42K03",
-            format!(
-                "The checkpoint's batch {batch} read {} source(s), but the query now has {}. A \
-                 query restarted from a checkpoint must read the same sources in the same order; \
-                 undo the change, or start the changed query with a new checkpoint location.",
-                e.sources.len(),
-                self.tables.len()
-            ),
-        ))
     }
 
     async fn run_trigger(

@@ -67,12 +67,14 @@ pub trait StreamingQueryListener: Send + Sync {
 }
 
 /// An event on the bus.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub(crate) enum Event {
     Started(QueryStartedEvent),
     Progress(Box<QueryProgressEvent>),
     Idle(QueryIdleEvent),
     Terminated(QueryTerminatedEvent),
+    /// Answered once every event posted before it has been delivered.
+    Flush(tokio::sync::oneshot::Sender<()>),
 }
 
 type Listeners = Arc<RwLock<Vec<Arc<dyn StreamingQueryListener>>>>;
@@ -99,6 +101,10 @@ impl ListenerBus {
             .name("weir-listener-bus".into())
             .spawn(move || {
                 while let Ok(event) = rx.recv() {
+                    if let Event::Flush(done) = event {
+                        let _ = done.send(());
+                        continue;
+                    }
                     let current: Vec<_> = ls.read().map(|l| l.clone()).unwrap_or_default();
                     for l in current {
                         // A panicking listener must not take the bus down with it.
@@ -107,6 +113,7 @@ impl ListenerBus {
                             Event::Progress(e) => l.on_query_progress(e),
                             Event::Idle(e) => l.on_query_idle(e),
                             Event::Terminated(e) => l.on_query_terminated(e),
+                            Event::Flush(_) => {}
                         }));
                     }
                 }
@@ -119,6 +126,14 @@ impl ListenerBus {
 
     pub(crate) fn post(&self, event: Event) {
         let _ = self.tx.send(event);
+    }
+
+    /// Waits until every event posted so far has reached the listeners.
+    pub(crate) async fn flush(&self) {
+        let (done, wait) = tokio::sync::oneshot::channel();
+        if self.tx.send(Event::Flush(done)).is_ok() {
+            let _ = wait.await;
+        }
     }
 
     pub(crate) fn add(&self, l: Arc<dyn StreamingQueryListener>) {

@@ -297,6 +297,12 @@ impl StreamingQueryManager {
         self.inner.bus.add(listener);
     }
 
+    /// Waits until every event of this session's queries so far has reached the listeners
+    /// (they are delivered on a thread of their own). Useful before exiting.
+    pub async fn flush_listeners(&self) {
+        self.inner.bus.flush().await;
+    }
+
     /// Removes a listener added before.
     pub fn remove_listener(&self, listener: &Arc<dyn StreamingQueryListener>) {
         self.inner.bus.remove(listener);

@@ -23,7 +23,7 @@ use weir_sinks::{
 };
 use weir_sources::{MemoryStream, MemoryStreamProvider, SourceRegistry};
 
-use crate::execution::Execution;
+use crate::execution::{Execution, RestartPoint};
 use crate::memory_table::MemorySinkTable;
 use crate::query::{Shared, StreamingQuery, StreamingQueryManager};
 use crate::{Checkpoint, Error, Result, Trigger};
@@ -443,6 +443,7 @@ impl DataStreamWriter {
             }
         };
         let checkpoint = Checkpoint::open(location, temporary).await?;
+        let restart = RestartPoint::read(&checkpoint, tables.len()).await?;
         let shared = Shared::new(checkpoint.id(), self.query_name.clone());
         let query = StreamingQuery {
             shared: Arc::clone(&shared),
@@ -480,6 +481,7 @@ impl DataStreamWriter {
             max_batches: self.max_batches,
             min_batches_to_retain: self.min_batches_to_retain,
             conf,
+            restart,
         };
         let handle = tokio::spawn(exec.run());
         if let Ok(mut t) = query.task.lock() {

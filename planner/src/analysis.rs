@@ -105,11 +105,12 @@ pub fn check_streaming_plan(plan: &LogicalPlan) -> Result<(), ClassifiedError> {
                  Aggregate a static table, or aggregate the sink's output in a batch query."
                     .into(),
             )),
-            LogicalPlan::Window(_) => Some(refuse(
-                "UNSUPPORTED_STREAMING_OPERATION.WINDOW_FUNCTION",
-                "Window functions (OVER ...) are not supported on a streaming query; Spark refuses \
-                 them too (\"Non-time-based windows are not supported on streaming DataFrames\")."
-                    .into(),
+            LogicalPlan::Window(_) => Some(ClassifiedError::new(
+                "NON_TIME_WINDOW_NOT_SUPPORTED_IN_STREAMING",
+                "42KDE",
+                "Window functions (OVER ...) are not supported on a streaming query: a stream has \
+                 no end to order or frame over. Use time windows (coming with stateful \
+                 streaming), or run the window function over the sink's output in a batch query.",
             )),
             LogicalPlan::RecursiveQuery(_) => Some(refuse(
                 "UNSUPPORTED_STREAMING_OPERATION.RECURSIVE_QUERY",

@@ -120,7 +120,7 @@ impl RateMicroBatchStream {
 impl MicroBatchStream for RateMicroBatchStream {
     fn description(&self) -> String {
         format!(
-            "RatePerMicroBatchStream[rowsPerBatch={}, numPartitions={}, startTimestamp={}, advanceMillisPerBatch={}]",
+            "RatePerMicroBatchStream[rowsPerBatch={}, numPartitions={}, startTimestamp={}, advanceMsPerBatch={}]",
             self.def.rows_per_batch,
             self.def
                 .num_partitions

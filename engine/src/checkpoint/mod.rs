@@ -66,7 +66,7 @@ impl Checkpoint {
                 if !foreign.is_empty() {
                     return Err(Error::user(
                         "CHECKPOINT_LOCATION_NOT_WEIR",
-                        "42K0I",
+                        "42K04",
                         format!(
                             "The checkpoint location '{}' is not empty and holds no weir checkpoint \
                              (no 'metadata' file; found e.g. '{}'). weir never writes into such a \
@@ -255,7 +255,7 @@ fn parse_metadata(location: &Location, bytes: &[u8]) -> Result<Uuid> {
     match meta.weir_checkpoint_version {
         None => Err(Error::user(
             "CHECKPOINT_LOCATION_NOT_WEIR",
-            "42K0I",
+            "42K04",
             format!(
                 "The checkpoint location '{}' holds a checkpoint of another engine (its metadata \
                  has no weir version; Apache Spark writes such checkpoints). weir cannot resume it \
