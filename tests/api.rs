@@ -13,8 +13,8 @@ use weir::datafusion::arrow::array::{Int64Array, RecordBatch, StringArray};
 use weir::datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use weir::datafusion::prelude::{col, lit};
 use weir::{
-    DataFrameStreamExt, MemoryStream, QueryProgressEvent, QueryStartedEvent, QueryTerminatedEvent,
-    StatementResult, StreamingQueryListener, Trigger, WeirSession,
+    DataFrameStreamExt, MemoryStream, QueryIdleEvent, QueryProgressEvent, QueryStartedEvent,
+    QueryTerminatedEvent, StatementResult, StreamingQueryListener, Trigger, WeirSession,
 };
 
 fn schema() -> SchemaRef {
@@ -137,11 +137,95 @@ impl StreamingQueryListener for Recorder {
             .unwrap()
             .push(format!("progress {}", e.progress.batch_id));
     }
+    fn on_query_idle(&self, _e: &QueryIdleEvent) {
+        self.0.lock().unwrap().push("idle".into());
+    }
     fn on_query_terminated(&self, e: &QueryTerminatedEvent) {
         self.0
             .lock()
             .unwrap()
             .push(format!("terminated {:?}", e.exception));
+    }
+}
+
+#[tokio::test]
+async fn a_query_without_data_reports_idle_and_then_progress_when_data_arrives() {
+    let session = WeirSession::new();
+    let recorder = Arc::new(Recorder::default());
+    session.streams().add_listener(recorder.clone());
+    let stream = MemoryStream::new("quiet", schema());
+    session.register_memory_stream(&stream);
+    let q = session
+        .read_stream()
+        .table("quiet")
+        .unwrap()
+        .write_stream()
+        .unwrap()
+        .format("noop")
+        .start()
+        .await
+        .unwrap();
+    // The first trigger finds no data: Spark reports the query idle at once.
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        session.streams().flush_listeners().await;
+        if recorder.0.lock().unwrap().iter().any(|e| e == "idle") {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "no idle event");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(
+        q.last_progress().is_none(),
+        "an idle trigger is not a batch"
+    );
+    stream.push(rows(&[1, 2])).unwrap();
+    q.process_all_available().await.unwrap();
+    q.stop().await;
+    session.streams().flush_listeners().await;
+    let events = recorder.0.lock().unwrap().clone();
+    let first_progress = events.iter().position(|e| e == "progress 0").unwrap();
+    let first_idle = events.iter().position(|e| e == "idle").unwrap();
+    assert!(first_idle < first_progress, "{events:?}");
+    assert_eq!(q.last_progress().unwrap().num_input_rows, 2);
+    assert_eq!(events.last().unwrap(), "terminated None");
+}
+
+#[tokio::test]
+async fn a_processing_time_trigger_starts_batches_one_interval_apart() {
+    let session = WeirSession::new();
+    let q = session
+        .read_stream()
+        .format("rate-micro-batch")
+        .option("rowsPerBatch", 5)
+        .load()
+        .unwrap()
+        .write_stream()
+        .unwrap()
+        .format("noop")
+        .trigger(Trigger::ProcessingTime(Duration::from_millis(150)))
+        .max_batches(4)
+        .start()
+        .await
+        .unwrap();
+    q.await_termination().await.unwrap();
+    let starts: Vec<i64> = q
+        .recent_progress()
+        .iter()
+        .map(|p| {
+            chrono::DateTime::parse_from_rfc3339(&p.timestamp)
+                .unwrap()
+                .timestamp_millis()
+        })
+        .collect();
+    assert_eq!(starts.len(), 4);
+    for w in starts.windows(2) {
+        // Timestamps are whole milliseconds; the loop waits the full interval.
+        assert!(
+            w[1] - w[0] >= 149,
+            "batches started {} ms apart",
+            w[1] - w[0]
+        );
     }
 }
 

@@ -100,9 +100,12 @@ struct Loop {
     starts: Vec<Offset>,
     next_batch: u64,
     replay: Option<OffsetEntry>,
+    /// Batch 0 of a fresh checkpoint is still to run even without new data (see
+    /// [`MicroBatchStream::runs_first_batch_without_data`]).
     first_batch_ever: bool,
     last_trigger_start: Option<Instant>,
-    last_idle_event: Option<Instant>,
+    /// When the last progress or idle event was posted.
+    last_event: Option<Instant>,
 }
 
 fn now_ms() -> i64 {
@@ -181,15 +184,18 @@ impl Execution {
                 _ => s.default_read_limit(),
             })
             .collect();
+        let first_batch_ever = next_batch == 0
+            && replay.is_none()
+            && streams.iter().any(|s| s.runs_first_batch_without_data());
         let mut lp = Loop {
             streams,
             limits,
             starts,
-            first_batch_ever: next_batch == 0 && replay.is_none(),
+            first_batch_ever,
             next_batch,
             replay,
             last_trigger_start: None,
-            last_idle_event: None,
+            last_event: None,
         };
         if self.trigger == Trigger::AvailableNow {
             for (s, start) in lp.streams.iter_mut().zip(&lp.starts) {
@@ -218,6 +224,7 @@ impl Execution {
             match outcome {
                 TriggerOutcome::Ran => {
                     ran += 1;
+                    lp.last_event = Some(Instant::now());
                     self.shared.update(|s| {
                         s.status = status("Waiting for next trigger", true, false);
                     });
@@ -234,18 +241,18 @@ impl Execution {
                         info!("all data available at start is processed; stopping");
                         return Ok(());
                     }
+                    // As Spark: idle at start is reported at once; otherwise once the
+                    // interval has passed since the last progress or idle event.
                     let due = lp
-                        .last_idle_event
+                        .last_event
                         .is_none_or(|t| t.elapsed() >= IDLE_EVENT_INTERVAL);
                     if due {
-                        if lp.last_idle_event.is_some() {
-                            self.manager.post(Event::Idle(QueryIdleEvent {
-                                id: self.shared.id,
-                                run_id: self.shared.run_id,
-                                timestamp: format_timestamp(now_ms()),
-                            }));
-                        }
-                        lp.last_idle_event = Some(Instant::now());
+                        self.manager.post(Event::Idle(QueryIdleEvent {
+                            id: self.shared.id,
+                            run_id: self.shared.run_id,
+                            timestamp: format_timestamp(now_ms()),
+                        }));
+                        lp.last_event = Some(Instant::now());
                     }
                 }
             }

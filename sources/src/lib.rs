@@ -75,6 +75,13 @@ pub trait MicroBatchStream: Send + Sync {
     /// means no new data.
     async fn latest_offset(&mut self, start: &Offset, limit: ReadLimit) -> Result<Offset>;
 
+    /// Whether a fresh query runs batch 0 even before this source has data. Spark runs batch 0
+    /// as soon as a source reports any offset: the rate source always does (its batch 0 is
+    /// empty), a memory stream only once something was pushed.
+    fn runs_first_batch_without_data(&self) -> bool {
+        false
+    }
+
     /// The newest offset the source knew of at the last `latest_offset` call, ignoring limits
     /// (progress: `sources[].latestOffset`).
     fn reported_latest_offset(&self) -> Option<Offset> {

@@ -206,6 +206,10 @@ impl RateStream {
 
 #[async_trait]
 impl MicroBatchStream for RateStream {
+    fn runs_first_batch_without_data(&self) -> bool {
+        true
+    }
+
     fn description(&self) -> String {
         format!(
             "RateStreamV2[rowsPerSecond={}, rampUpTimeSeconds={}, numPartitions={}",
