@@ -97,7 +97,11 @@ pub(crate) fn show(
     let total: usize = batches.iter().map(|b| b.num_rows()).sum();
     let mut cells: Vec<Vec<String>> =
         vec![schema.fields().iter().map(|f| f.name().clone()).collect()];
-    let opts = FormatOptions::default().with_null("NULL");
+    // Close to Spark's show(): `2026-12-03 07:45:01.500`, whole seconds without a fraction.
+    let opts = FormatOptions::default()
+        .with_null("NULL")
+        .with_timestamp_format(Some("%Y-%m-%d %H:%M:%S%.f"))
+        .with_timestamp_tz_format(Some("%Y-%m-%d %H:%M:%S%.f"));
     'outer: for b in batches {
         let fmts = b
             .columns()
@@ -206,5 +210,20 @@ only showing top 2 rows
 
 ";
         assert_eq!(text, expected);
+    }
+
+    #[test]
+    fn timestamps_print_as_spark_shows_them() {
+        let schema = Arc::new(Schema::new(vec![Field::new(
+            "timestamp",
+            DataType::Timestamp(arrow::datatypes::TimeUnit::Microsecond, Some("UTC".into())),
+            false,
+        )]));
+        let ts =
+            arrow::array::TimestampMicrosecondArray::from(vec![0, 1_500_000]).with_timezone("UTC");
+        let b = RecordBatch::try_new(Arc::clone(&schema), vec![Arc::new(ts)]).unwrap();
+        let text = show(0, &schema, &[b], 20, false).unwrap();
+        assert!(text.contains("|1970-01-01 00:00:00    |"), "{text}");
+        assert!(text.contains("|1970-01-01 00:00:01.500|"), "{text}");
     }
 }
