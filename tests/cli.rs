@@ -168,3 +168,96 @@ fn a_restart_continues_after_the_last_committed_batch() {
         "{second}"
     );
 }
+
+#[test]
+fn a_damaged_checkpoint_is_reported_with_its_path_and_left_untouched() {
+    let dir = tempfile::tempdir().unwrap();
+    let ck = dir.path().join("ck");
+    let out = dir.path().join("out");
+    let sql = format!(
+        "CREATE STREAMING TABLE d USING parquet LOCATION '{}' AS \
+         SELECT value FROM STREAM rate_micro_batch(rowsPerBatch => 3)",
+        out.display()
+    );
+    let ck_s = ck.to_str().unwrap();
+    let (ok, _, stderr) = weir(&[
+        "run",
+        "-e",
+        &sql,
+        "--checkpoint",
+        ck_s,
+        "--max-batches",
+        "2",
+    ]);
+    assert!(ok, "{stderr}");
+    let snapshot = |p: &std::path::Path| {
+        let mut files: Vec<(String, Vec<u8>)> = walk(p)
+            .into_iter()
+            .map(|f| (f.display().to_string(), std::fs::read(&f).unwrap()))
+            .collect();
+        files.sort();
+        files
+    };
+    let damages: [(&str, &[u8], &str); 3] = [
+        ("offsets/1", b"v1\n{not json", "offsets/1"),
+        ("commits/1", b"v9\n{}", "commits/1"),
+        ("metadata", b"", "metadata"),
+    ];
+    for (file, garbage, named) in damages {
+        let path = ck.join(file);
+        let original = std::fs::read(&path).unwrap();
+        std::fs::write(&path, garbage).unwrap();
+        let (before_ck, before_out) = (snapshot(&ck), snapshot(&out));
+        let (ok, _, stderr) = weir(&[
+            "run",
+            "-e",
+            &sql,
+            "--checkpoint",
+            ck_s,
+            "--max-batches",
+            "1",
+        ]);
+        assert!(!ok, "a damaged {file} must stop the run");
+        assert!(
+            stderr.contains("CHECKPOINT_FILE_CORRUPT"),
+            "{file}: {stderr}"
+        );
+        assert!(
+            stderr.contains(named),
+            "{file}: the error names the file: {stderr}"
+        );
+        assert!(!stderr.contains("panicked"), "{stderr}");
+        assert_eq!(
+            snapshot(&ck),
+            before_ck,
+            "{file}: the checkpoint was changed"
+        );
+        assert_eq!(snapshot(&out), before_out, "{file}: the sink was changed");
+        std::fs::write(&path, original).unwrap();
+    }
+    // Repaired, it runs on from batch 2.
+    let (ok, _, stderr) = weir(&[
+        "run",
+        "-e",
+        &sql,
+        "--checkpoint",
+        ck_s,
+        "--max-batches",
+        "1",
+    ]);
+    assert!(ok, "{stderr}");
+    assert!(ck.join("commits/2").exists());
+}
+
+fn walk(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
+    let mut out = vec![];
+    for e in std::fs::read_dir(dir).unwrap() {
+        let p = e.unwrap().path();
+        if p.is_dir() {
+            out.extend(walk(&p));
+        } else if !p.ends_with(".weir-lock") {
+            out.push(p);
+        }
+    }
+    out
+}

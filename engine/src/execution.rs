@@ -49,8 +49,13 @@ pub(crate) struct Execution {
 
 /// Where a run on an existing checkpoint continues, read and checked before the query starts.
 pub(crate) enum RestartPoint {
-    /// After batch `last`, which committed; `entry` is its offsets log entry.
-    After { last: u64, entry: OffsetEntry },
+    /// After batch `last`, which committed: `entry` is its offsets log entry, `commit` its
+    /// commit entry (which carries the next batch's watermark).
+    After {
+        last: u64,
+        entry: OffsetEntry,
+        commit: CommitEntry,
+    },
     /// Re-run `batch`, which was logged (`entry`) but not committed.
     Replay { batch: u64, entry: OffsetEntry },
 }
@@ -63,7 +68,15 @@ impl RestartPoint {
             Resume::Fresh => return Ok(None),
             Resume::After { last } => {
                 let entry = checkpoint.read_offsets(last).await?;
-                (Self::After { last, entry }, last)
+                let commit = checkpoint.read_commit(last).await?;
+                (
+                    Self::After {
+                        last,
+                        entry,
+                        commit,
+                    },
+                    last,
+                )
             }
             Resume::Replay { batch } => {
                 let entry = checkpoint.read_offsets(batch).await?;
@@ -103,6 +116,8 @@ struct Loop {
     /// Batch 0 of a fresh checkpoint is still to run even without new data (see
     /// [`MicroBatchStream::runs_first_batch_without_data`]).
     first_batch_ever: bool,
+    /// The event-time watermark the next batch runs with (no operator moves it yet).
+    watermark_ms: i64,
     last_trigger_start: Option<Instant>,
     /// When the last progress or idle event was posted.
     last_event: Option<Instant>,
@@ -157,16 +172,22 @@ impl Execution {
             };
             streams.push(t.source().open(ctx).await?);
         }
-        let (next_batch, starts, replay) = match self.restart.take() {
+        let (next_batch, starts, replay, watermark_ms) = match self.restart.take() {
             None => (
                 0,
                 streams.iter().map(|s| s.initial_offset()).collect(),
                 None,
+                0,
             ),
-            Some(RestartPoint::After { last, entry }) => (
+            Some(RestartPoint::After {
+                last,
+                entry,
+                commit,
+            }) => (
                 last + 1,
                 entry.sources.into_iter().map(|r| r.end).collect(),
                 None,
+                commit.next_batch_watermark_ms,
             ),
             Some(RestartPoint::Replay { batch, entry }) => {
                 info!(
@@ -174,7 +195,8 @@ impl Execution {
                     "replaying the batch that was planned but not committed"
                 );
                 let starts = entry.sources.iter().map(|r| r.start.clone()).collect();
-                (batch, starts, Some(entry))
+                let watermark_ms = entry.metadata.batch_watermark_ms;
+                (batch, starts, Some(entry), watermark_ms)
             }
         };
         let limits = streams
@@ -192,6 +214,7 @@ impl Execution {
             limits,
             starts,
             first_batch_ever,
+            watermark_ms,
             next_batch,
             replay,
             last_trigger_start: None,
@@ -303,7 +326,7 @@ impl Execution {
                 });
                 let entry = OffsetEntry {
                     metadata: BatchMetadata {
-                        batch_watermark_ms: 0,
+                        batch_watermark_ms: lp.watermark_ms,
                         batch_timestamp_ms: timestamp_ms,
                         conf: self.conf.clone(),
                     },
@@ -347,7 +370,7 @@ impl Execution {
             .write_commit(
                 batch,
                 &CommitEntry {
-                    next_batch_watermark_ms: 0,
+                    next_batch_watermark_ms: lp.watermark_ms,
                 },
             )
             .await?;
