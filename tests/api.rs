@@ -149,7 +149,7 @@ impl StreamingQueryListener for Recorder {
 }
 
 #[tokio::test]
-async fn a_query_without_data_reports_idle_and_then_progress_when_data_arrives() {
+async fn a_query_without_data_records_no_data_progress_and_reports_idle_as_spark_does() {
     let session = WeirSession::new();
     let recorder = Arc::new(Recorder::default());
     session.streams().add_listener(recorder.clone());
@@ -162,10 +162,12 @@ async fn a_query_without_data_reports_idle_and_then_progress_when_data_arrives()
         .write_stream()
         .unwrap()
         .format("noop")
+        .no_data_progress_interval(Duration::from_millis(50))
         .start()
         .await
         .unwrap();
-    // The first trigger finds no data: Spark reports the query idle at once.
+    // Idle from the start: a no-data progress entry at once, an idle event only from the
+    // next interval on (Spark's ProgressReporter.updateIdleness).
     let deadline = std::time::Instant::now() + Duration::from_secs(30);
     loop {
         session.streams().flush_listeners().await;
@@ -175,20 +177,23 @@ async fn a_query_without_data_reports_idle_and_then_progress_when_data_arrives()
         assert!(std::time::Instant::now() < deadline, "no idle event");
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    assert!(
-        q.last_progress().is_none(),
-        "an idle trigger is not a batch"
-    );
+    let idle_entries = q.recent_progress();
+    assert!(idle_entries.len() >= 2, "{}", idle_entries.len());
+    for p in &idle_entries {
+        assert_eq!((p.batch_id, p.num_input_rows, p.sink.num_output_rows), (0, 0, -1));
+        assert!(p.duration_ms.contains_key("latestOffset"));
+    }
     stream.push(rows(&[1, 2])).unwrap();
     q.process_all_available().await.unwrap();
     q.stop().await;
     session.streams().flush_listeners().await;
     let events = recorder.0.lock().unwrap().clone();
-    let first_progress = events.iter().position(|e| e == "progress 0").unwrap();
-    let first_idle = events.iter().position(|e| e == "idle").unwrap();
-    assert!(first_idle < first_progress, "{events:?}");
-    assert_eq!(q.last_progress().unwrap().num_input_rows, 2);
+    assert_eq!(events.first().unwrap(), "started ", "{events:?}");
+    assert_eq!(events.get(1).unwrap(), "idle", "{events:?}");
+    assert!(events.contains(&"progress 0".to_string()), "{events:?}");
     assert_eq!(events.last().unwrap(), "terminated None");
+    let last = q.last_progress().unwrap();
+    assert_eq!((last.batch_id, last.num_input_rows), (0, 2));
 }
 
 #[tokio::test]

@@ -36,7 +36,7 @@ pub fn parse_duration(text: &str, bare_unit: Duration) -> Result<Duration, Strin
         "d" | "day" | "days" => 86400.0,
         _ => return Err(bad()),
     };
-    Ok(Duration::from_secs_f64(value * unit_secs))
+    Duration::try_from_secs_f64(value * unit_secs).map_err(|_| bad())
 }
 
 #[cfg(test)]
@@ -44,6 +44,12 @@ mod tests {
     use super::*;
 
     const S: Duration = Duration::from_secs(1);
+
+    #[test]
+    fn a_duration_too_long_to_represent_is_an_error_not_a_panic() {
+        assert!(parse_duration("100000000000000000000 seconds", S).is_err());
+        assert!(parse_duration("1e300 days", S).is_err());
+    }
 
     #[test]
     fn parses_the_forms_spark_users_write() {

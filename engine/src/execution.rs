@@ -2,13 +2,14 @@
 //! execute into the sink, commit, report progress. A restart replays an uncommitted batch with
 //! exactly its logged offsets; the idempotent sink makes that exactly-once.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use datafusion::execution::SessionState;
 use datafusion::logical_expr::LogicalPlan;
 use datafusion::physical_plan::collect;
+use futures::FutureExt;
 use tracing::{Instrument, debug, info, info_span};
 use weir_common::failpoint::pause_point;
 use weir_planner::StreamingTable;
@@ -27,8 +28,9 @@ use crate::{Error, Result, Trigger};
 
 /// How long an idle query waits before asking its sources again (`spark.sql.streaming.pollingDelay`).
 const POLLING_DELAY: Duration = Duration::from_millis(10);
-/// Idle events at most this often (`spark.sql.streaming.noDataProgressEventInterval`).
-const IDLE_EVENT_INTERVAL: Duration = Duration::from_secs(10);
+/// Default of `spark.sql.streaming.noDataProgressEventInterval`: a no-data progress entry and an
+/// idle event at most this often.
+pub(crate) const NO_DATA_PROGRESS_INTERVAL: Duration = Duration::from_secs(10);
 
 /// Everything one run of a query needs.
 pub(crate) struct Execution {
@@ -43,6 +45,8 @@ pub(crate) struct Execution {
     pub(crate) max_batches: Option<u64>,
     pub(crate) min_batches_to_retain: u64,
     pub(crate) conf: BTreeMap<String, String>,
+    /// How often an idle query records no-data progress and posts an idle event.
+    pub(crate) no_data_progress_interval: Duration,
     /// Where a restarted run continues; `None` for a fresh checkpoint.
     pub(crate) restart: Option<RestartPoint>,
 }
@@ -104,7 +108,10 @@ impl RestartPoint {
 
 enum TriggerOutcome {
     Ran,
-    NoData,
+    /// No new data; `latest_offset` is how long asking the sources took.
+    NoData {
+        latest_offset: Duration,
+    },
 }
 
 struct Loop {
@@ -127,6 +134,13 @@ fn now_ms() -> i64 {
     chrono::Utc::now().timestamp_millis()
 }
 
+fn push_recent(recent: &mut VecDeque<StreamingQueryProgress>, p: StreamingQueryProgress) {
+    if recent.len() >= RECENT_PROGRESS {
+        recent.pop_front();
+    }
+    recent.push_back(p);
+}
+
 fn ms(d: Duration) -> u64 {
     d.as_millis() as u64
 }
@@ -135,8 +149,29 @@ impl Execution {
     /// Runs the query until it is stopped, its trigger is done, or it fails; then reports the
     /// termination.
     pub(crate) async fn run(mut self) {
+        self.manager.post(Event::Started(QueryStartedEvent {
+            id: self.shared.id,
+            run_id: self.shared.run_id,
+            name: self.shared.name.clone(),
+            timestamp: format_timestamp(now_ms()),
+        }));
         let span = info_span!("query", query_id = %self.shared.id, run_id = %self.shared.run_id);
-        let result = self.run_loop().instrument(span).await;
+        // A panic anywhere below (a bug, or one re-raised from a DataFusion operator) must
+        // still end the query as failed, or stop() and await_termination() would wait forever.
+        let result = match std::panic::AssertUnwindSafe(self.run_loop().instrument(span))
+            .catch_unwind()
+            .await
+        {
+            Ok(r) => r,
+            Err(panic) => {
+                let what = panic
+                    .downcast_ref::<&str>()
+                    .map(|s| s.to_string())
+                    .or_else(|| panic.downcast_ref::<String>().cloned())
+                    .unwrap_or_else(|| "unknown panic".into());
+                Err(Error::Internal(format!("the query panicked: {what}")))
+            }
+        };
         for t in &self.tables {
             t.clear();
         }
@@ -149,13 +184,16 @@ impl Execution {
         } else {
             self.checkpoint.delete_if_temporary();
         }
+        // Free the checkpoint and the query's slot before anyone waiting sees it stopped, so a
+        // restart right after await_termination() is not refused as concurrent.
+        self.checkpoint.release();
+        self.manager.unregister(self.shared.id);
         self.shared.update(|s| {
             s.active = false;
             s.status.message = "Stopped".into();
             s.status.is_trigger_active = false;
             s.exception = result.err().map(Arc::new);
         });
-        self.manager.unregister(self.shared.id);
         self.manager.post(Event::Terminated(QueryTerminatedEvent {
             id: self.shared.id,
             run_id: self.shared.run_id,
@@ -225,12 +263,6 @@ impl Execution {
                 s.prepare_for_available_now(start).await?;
             }
         }
-        self.manager.post(Event::Started(QueryStartedEvent {
-            id: self.shared.id,
-            run_id: self.shared.run_id,
-            name: self.shared.name.clone(),
-            timestamp: format_timestamp(now_ms()),
-        }));
         let mut stop = self.shared.stop.subscribe();
         let mut ran = 0u64;
         loop {
@@ -238,11 +270,15 @@ impl Execution {
                 return Ok(());
             }
             let trigger_start = Instant::now();
+            let trigger_epoch_ms = now_ms();
             self.shared.update(|s| {
                 s.triggers += 1;
                 s.status.is_trigger_active = true;
             });
-            let outcome = self.run_trigger(&mut lp, trigger_start).await?;
+            let outcome = self
+                .run_trigger(&mut lp, trigger_start, trigger_epoch_ms)
+                .await?;
+            lp.last_trigger_start = Some(trigger_start);
             let seq = self.shared.state.lock().map(|s| s.triggers).unwrap_or(0);
             match outcome {
                 TriggerOutcome::Ran => {
@@ -255,7 +291,7 @@ impl Execution {
                         return Ok(());
                     }
                 }
-                TriggerOutcome::NoData => {
+                TriggerOutcome::NoData { latest_offset } => {
                     self.shared.update(|s| {
                         s.last_idle_trigger = seq;
                         s.status = status("Waiting for data to arrive", false, false);
@@ -264,24 +300,34 @@ impl Execution {
                         info!("all data available at start is processed; stopping");
                         return Ok(());
                     }
-                    // As Spark: idle at start is reported at once; otherwise once the
-                    // interval has passed since the last progress or idle event.
+                    // As Spark's ProgressReporter.updateIdleness: once per interval since the
+                    // last progress, record a no-data progress entry; post an idle event for
+                    // it unless it is the first entry of this run.
                     let due = lp
                         .last_event
-                        .is_none_or(|t| t.elapsed() >= IDLE_EVENT_INTERVAL);
+                        .is_none_or(|t| t.elapsed() >= self.no_data_progress_interval);
                     if due {
-                        self.manager.post(Event::Idle(QueryIdleEvent {
-                            id: self.shared.id,
-                            run_id: self.shared.run_id,
-                            timestamp: format_timestamp(now_ms()),
-                        }));
+                        let entry = self.no_data_progress(
+                            &lp,
+                            trigger_epoch_ms,
+                            latest_offset,
+                            trigger_start.elapsed(),
+                        );
+                        self.shared.update(|s| push_recent(&mut s.recent, entry));
+                        if lp.last_event.is_some() {
+                            self.manager.post(Event::Idle(QueryIdleEvent {
+                                id: self.shared.id,
+                                run_id: self.shared.run_id,
+                                timestamp: format_timestamp(trigger_epoch_ms),
+                            }));
+                        }
                         lp.last_event = Some(Instant::now());
                     }
                 }
             }
             let wait = match (self.trigger, &outcome) {
                 (Trigger::ProcessingTime(d), _) => d.saturating_sub(trigger_start.elapsed()),
-                (_, TriggerOutcome::NoData) => POLLING_DELAY,
+                (_, TriggerOutcome::NoData { .. }) => POLLING_DELAY,
                 _ => Duration::ZERO,
             };
             if !wait.is_zero() {
@@ -297,9 +343,9 @@ impl Execution {
         &mut self,
         lp: &mut Loop,
         trigger_start: Instant,
+        timestamp_ms: i64,
     ) -> Result<TriggerOutcome> {
         let batch = lp.next_batch;
-        let timestamp_ms = now_ms();
         let mut durations: BTreeMap<String, u64> = BTreeMap::new();
         let (entry, latest): (OffsetEntry, Vec<Option<Offset>>) = match lp.replay.take() {
             Some(e) => {
@@ -319,7 +365,9 @@ impl Execution {
                 durations.insert("latestOffset".into(), ms(t.elapsed()));
                 let new_data = ends != lp.starts;
                 if !new_data && !lp.first_batch_ever {
-                    return Ok(TriggerOutcome::NoData);
+                    return Ok(TriggerOutcome::NoData {
+                        latest_offset: t.elapsed(),
+                    });
                 }
                 self.shared.update(|s| {
                     s.status = status("Processing new data", true, true);
@@ -384,10 +432,12 @@ impl Execution {
         lp.starts = entry.sources.iter().map(|r| r.end.clone()).collect();
         lp.next_batch += 1;
 
+        // As Spark: input rate over the time since the previous trigger started (idle ones
+        // included), processing rate over this trigger's time, at least 1 ms.
+        let processing = trigger_ms.max(Duration::from_millis(1));
         let since_last = lp
             .last_trigger_start
             .map(|t| trigger_start.duration_since(t));
-        lp.last_trigger_start = Some(trigger_start);
         let rate = |rows: u64, d: Option<Duration>| match d {
             Some(d) if d.as_secs_f64() > 0.0 => rows as f64 / d.as_secs_f64(),
             _ => 0.0,
@@ -402,7 +452,7 @@ impl Execution {
             batch_duration: ms(trigger_ms),
             num_input_rows: total,
             input_rows_per_second: rate(total, since_last),
-            processed_rows_per_second: rate(total, Some(trigger_ms)),
+            processed_rows_per_second: rate(total, Some(processing)),
             duration_ms: durations,
             state_operators: vec![],
             sources: lp
@@ -418,7 +468,7 @@ impl Execution {
                     latest_offset: latest.map(|o| o.0),
                     num_input_rows: *rows,
                     input_rows_per_second: rate(*rows, since_last),
-                    processed_rows_per_second: rate(*rows, Some(trigger_ms)),
+                    processed_rows_per_second: rate(*rows, Some(processing)),
                 })
                 .collect(),
             sink: SinkProgress {
@@ -427,15 +477,56 @@ impl Execution {
             },
         };
         debug!(batch, rows = total, ms = ms(trigger_ms), "batch committed");
-        self.shared.update(|s| {
-            if s.recent.len() >= RECENT_PROGRESS {
-                s.recent.pop_front();
-            }
-            s.recent.push_back(progress.clone());
-        });
+        self.shared
+            .update(|s| push_recent(&mut s.recent, progress.clone()));
         self.manager
             .post(Event::Progress(Box::new(QueryProgressEvent { progress })));
         Ok(TriggerOutcome::Ran)
+    }
+
+    /// The progress entry of a trigger that found no new data (Spark's shape: the next batch's
+    /// id, no rows, sink `numOutputRows` -1).
+    fn no_data_progress(
+        &self,
+        lp: &Loop,
+        timestamp_ms: i64,
+        latest_offset: Duration,
+        trigger: Duration,
+    ) -> StreamingQueryProgress {
+        let mut duration_ms = BTreeMap::new();
+        duration_ms.insert("latestOffset".to_string(), ms(latest_offset));
+        duration_ms.insert("triggerExecution".to_string(), ms(trigger));
+        StreamingQueryProgress {
+            id: self.shared.id,
+            run_id: self.shared.run_id,
+            name: self.shared.name.clone(),
+            timestamp: format_timestamp(timestamp_ms),
+            batch_id: lp.next_batch,
+            batch_duration: ms(trigger),
+            num_input_rows: 0,
+            input_rows_per_second: 0.0,
+            processed_rows_per_second: 0.0,
+            duration_ms,
+            state_operators: vec![],
+            sources: lp
+                .streams
+                .iter()
+                .zip(&lp.starts)
+                .map(|(s, start)| SourceProgress {
+                    description: s.description(),
+                    start_offset: Some(start.0.clone()),
+                    end_offset: Some(start.0.clone()),
+                    latest_offset: s.reported_latest_offset().map(|o| o.0),
+                    num_input_rows: 0,
+                    input_rows_per_second: 0.0,
+                    processed_rows_per_second: 0.0,
+                })
+                .collect(),
+            sink: SinkProgress {
+                description: self.sink.description(),
+                num_output_rows: -1,
+            },
+        }
     }
 
     /// getBatch, queryPlanning and addBatch of one batch. Returns rows read per source and rows

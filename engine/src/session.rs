@@ -3,7 +3,9 @@
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, RwLock};
+use std::time::Duration;
 
+use datafusion::arrow::datatypes::SchemaRef;
 use datafusion::catalog::TableProviderFactory;
 use datafusion::dataframe::DataFrame;
 use datafusion::datasource::provider_as_source;
@@ -23,7 +25,7 @@ use weir_sinks::{
 };
 use weir_sources::{MemoryStream, MemoryStreamProvider, SourceRegistry};
 
-use crate::execution::{Execution, RestartPoint};
+use crate::execution::{Execution, NO_DATA_PROGRESS_INTERVAL, RestartPoint};
 use crate::memory_table::MemorySinkTable;
 use crate::query::{Shared, StreamingQuery, StreamingQueryManager};
 use crate::{Checkpoint, Error, Result, Trigger};
@@ -275,6 +277,7 @@ pub struct DataStreamWriter {
     foreach: Option<ForeachBatchFn>,
     max_batches: Option<u64>,
     min_batches_to_retain: u64,
+    no_data_progress_interval: Duration,
 }
 
 impl std::fmt::Debug for DataStreamWriter {
@@ -303,6 +306,7 @@ impl DataStreamWriter {
             foreach: None,
             max_batches: None,
             min_batches_to_retain: 100,
+            no_data_progress_interval: NO_DATA_PROGRESS_INTERVAL,
         }
     }
 
@@ -350,6 +354,13 @@ impl DataStreamWriter {
     /// Stop after this many batches in this run (as `weir run --max-batches`).
     pub fn max_batches(mut self, n: u64) -> Self {
         self.max_batches = Some(n);
+        self
+    }
+
+    /// How often a query without new data records a no-data progress entry and posts
+    /// `on_query_idle` (Spark's `spark.sql.streaming.noDataProgressEventInterval`, default 10 s).
+    pub fn no_data_progress_interval(mut self, every: Duration) -> Self {
+        self.no_data_progress_interval = every;
         self
     }
 
@@ -449,19 +460,12 @@ impl DataStreamWriter {
             shared: Arc::clone(&shared),
             task: Arc::new(Mutex::new(None)),
         };
-        inner.manager.register(&query)?;
-
-        if let Some(mem) = sink.as_any().downcast_ref::<MemorySink>() {
-            let table = MemorySinkTable::new(mem.data());
-            let _ = inner.ctx.deregister_table(mem.name());
-            inner.ctx.register_table(mem.name(), Arc::new(table))?;
-        }
-        if let (Some(file), Some(name)) =
-            (sink.as_any().downcast_ref::<FileSink>(), &self.query_name)
-        {
-            let table = FileSinkTable::new(file.location().clone(), Arc::clone(&schema));
-            let _ = inner.ctx.deregister_table(name.as_str());
-            inner.ctx.register_table(name.as_str(), Arc::new(table))?;
+        let registered =
+            register_sink_table(&inner.ctx, &sink, self.query_name.as_deref(), &schema)
+                .and_then(|()| inner.manager.register(&query));
+        if let Err(e) = registered {
+            checkpoint.delete_if_temporary();
+            return Err(e);
         }
 
         let mut conf = BTreeMap::new();
@@ -482,6 +486,7 @@ impl DataStreamWriter {
             min_batches_to_retain: self.min_batches_to_retain,
             conf,
             restart,
+            no_data_progress_interval: self.no_data_progress_interval,
         };
         let handle = tokio::spawn(exec.run());
         if let Ok(mut t) = query.task.lock() {
@@ -489,4 +494,26 @@ impl DataStreamWriter {
         }
         Ok(query)
     }
+}
+
+/// Makes a memory sink's table, or a named file sink's output, queryable in the session under
+/// the query's name.
+fn register_sink_table(
+    ctx: &SessionContext,
+    sink: &Arc<dyn Sink>,
+    query_name: Option<&str>,
+    schema: &SchemaRef,
+) -> Result<()> {
+    if let Some(mem) = sink.as_any().downcast_ref::<MemorySink>() {
+        let table = MemorySinkTable::new(mem.data());
+        let _ = ctx.deregister_table(mem.name());
+        ctx.register_table(mem.name(), Arc::new(table))?;
+    }
+    if let (Some(file), Some(name)) = (sink.as_any().downcast_ref::<FileSink>(), query_name) {
+        let table = FileSinkTable::new(file.location().clone(), Arc::clone(schema));
+        let _ = ctx.deregister_table(name);
+        ctx.register_table(name, Arc::new(table))?;
+    }
+
+    Ok(())
 }

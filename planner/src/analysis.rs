@@ -85,6 +85,21 @@ pub fn check_streaming_plan(plan: &LogicalPlan) -> Result<(), ClassifiedError> {
         if !is_streaming(node) {
             return Ok(TreeNodeRecursion::Jump);
         }
+        let mut reads_stream_in_subquery = false;
+        let _ = node.apply_subqueries(|sub| {
+            reads_stream_in_subquery |= is_streaming(sub);
+            Ok(TreeNodeRecursion::Continue)
+        });
+        if reads_stream_in_subquery {
+            error = Some(refuse(
+                "UNSUPPORTED_STREAMING_OPERATION.STREAMING_SUBQUERY",
+                "A subquery (IN, EXISTS or scalar) that reads a stream is not supported: each \
+                 batch would see only that batch's rows of it. Join the streams instead, or read \
+                 a static table in the subquery."
+                    .into(),
+            ));
+            return Ok(TreeNodeRecursion::Stop);
+        }
         let problem = match node {
             LogicalPlan::Limit(_) => Some(refuse(
                 "UNSUPPORTED_STREAMING_OPERATION.LIMIT",

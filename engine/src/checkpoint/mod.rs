@@ -46,7 +46,7 @@ pub struct Checkpoint {
     location: Location,
     id: Uuid,
     temporary: bool,
-    _lock: Option<std::fs::File>,
+    lock: Option<std::fs::File>,
 }
 
 impl Checkpoint {
@@ -99,7 +99,7 @@ impl Checkpoint {
             location,
             id,
             temporary,
-            _lock: lock,
+            lock,
         })
     }
 
@@ -234,6 +234,11 @@ impl Checkpoint {
             }
         }
         Ok(())
+    }
+
+    /// Lets another run take the checkpoint (the run that owns it is ending).
+    pub fn release(&mut self) {
+        self.lock = None;
     }
 
     /// Removes a temporary checkpoint from disk.
