@@ -180,7 +180,10 @@ async fn a_query_without_data_records_no_data_progress_and_reports_idle_as_spark
     let idle_entries = q.recent_progress();
     assert!(idle_entries.len() >= 2, "{}", idle_entries.len());
     for p in &idle_entries {
-        assert_eq!((p.batch_id, p.num_input_rows, p.sink.num_output_rows), (0, 0, -1));
+        assert_eq!(
+            (p.batch_id, p.num_input_rows, p.sink.num_output_rows),
+            (0, 0, -1)
+        );
         assert!(p.duration_ms.contains_key("latestOffset"));
     }
     stream.push(rows(&[1, 2])).unwrap();
@@ -440,4 +443,37 @@ async fn unsupported_operations_and_options_are_refused_at_start() {
         ints(&session, "SELECT value FROM j ORDER BY value").await,
         vec![0, 2]
     );
+}
+
+#[tokio::test]
+async fn now_is_each_batchs_logged_time() {
+    let session = WeirSession::new();
+    let r = session
+        .sql(
+            "CREATE STREAMING TABLE clock OPTIONS (trigger 'processingTime=30 milliseconds') AS \
+             SELECT value, CAST(now() AS BIGINT) / 1000000 AS now_ms \
+             FROM STREAM rate_micro_batch(rowsPerBatch => 1, numPartitions => 1)",
+        )
+        .await
+        .unwrap();
+    let StatementResult::Query(q) = r else {
+        panic!("expected a query")
+    };
+    while q.recent_progress().len() < 3 {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    q.stop().await;
+    let progress = q.recent_progress();
+    let values = ints(&session, "SELECT value FROM clock ORDER BY value").await;
+    let nows = ints(&session, "SELECT now_ms FROM clock ORDER BY value").await;
+    assert!(values.len() >= 3);
+    for (v, now) in values.iter().zip(&nows) {
+        // With one row per batch, value = batch id.
+        let p = progress.iter().find(|p| p.batch_id as i64 == *v).unwrap();
+        let logged = chrono::DateTime::parse_from_rfc3339(&p.timestamp)
+            .unwrap()
+            .timestamp_millis();
+        assert_eq!(*now, logged, "batch {v}");
+    }
+    assert!(nows.windows(2).all(|w| w[0] < w[1]), "{nows:?}");
 }

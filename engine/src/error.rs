@@ -10,16 +10,16 @@ pub enum Error {
     #[error(transparent)]
     User(#[from] ClassifiedError),
     /// A source failed.
-    #[error(transparent)]
+    #[error("{}", with_class(self))]
     Source(#[from] weir_sources::Error),
     /// A sink failed.
-    #[error(transparent)]
+    #[error("{}", with_class(self))]
     Sink(#[from] weir_sinks::Error),
     /// DataFusion refused or failed the query.
     #[error("{}", datafusion_message(.0))]
     DataFusion(#[from] DataFusionError),
     /// The checkpoint's storage failed.
-    #[error("cannot access the checkpoint: {0}")]
+    #[error("{}", with_class(self))]
     Storage(#[from] object_store::Error),
     /// A checkpoint file is damaged or from a newer weir.
     #[error(
@@ -87,6 +87,24 @@ fn datafusion_class(e: &DataFusionError) -> (&'static str, &'static str) {
     }
 }
 
+/// `[CLASS] message SQLSTATE: XXXXX` for errors whose message does not carry its class.
+fn with_class(e: &Error) -> String {
+    let message = match e {
+        Error::Source(weir_sources::Error::User(c)) | Error::Sink(weir_sinks::Error::User(c)) => {
+            return c.to_string();
+        }
+        Error::Source(s) => s.to_string(),
+        Error::Sink(s) => s.to_string(),
+        Error::Storage(s) => format!("Cannot access the checkpoint: {s}"),
+        other => return format!("{other:?}"),
+    };
+    format!(
+        "[{}] {message} SQLSTATE: {}",
+        e.error_class(),
+        e.sql_state()
+    )
+}
+
 fn datafusion_message(e: &DataFusionError) -> String {
     if let Some(c) = classified_in(e) {
         return c.to_string();
@@ -111,8 +129,8 @@ impl Error {
             Error::User(e) => (e.class, e.sqlstate),
             Error::Source(weir_sources::Error::User(e))
             | Error::Sink(weir_sinks::Error::User(e)) => (e.class, e.sqlstate),
-            Error::Source(e) => (e.error_class(), "XX000"),
-            Error::Sink(e) => (e.error_class(), "58030"),
+            Error::Source(e) => (e.error_class(), e.sql_state()),
+            Error::Sink(e) => (e.error_class(), e.sql_state()),
             Error::DataFusion(e) => datafusion_class(e),
             Error::Storage(_) => ("CANNOT_ACCESS_CHECKPOINT", "58030"),
             Error::Corrupt { .. } => ("CHECKPOINT_FILE_CORRUPT", "KD002"),

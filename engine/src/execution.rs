@@ -37,6 +37,7 @@ pub(crate) struct Execution {
     pub(crate) shared: Arc<Shared>,
     pub(crate) manager: StreamingQueryManager,
     pub(crate) state: SessionState,
+    /// The analyzed plan, optimized again for each batch with that batch's time.
     pub(crate) plan: LogicalPlan,
     pub(crate) tables: Vec<Arc<StreamingTable>>,
     pub(crate) sink: Arc<dyn Sink>,
@@ -549,11 +550,11 @@ impl Execution {
         pause_point("after_get_batch", batch);
 
         let t = Instant::now();
-        let physical = self
-            .state
-            .query_planner()
-            .create_physical_plan(&self.plan, &self.state)
-            .await?;
+        // now() and current_date() read the batch's logged time, so a replay computes the same.
+        let mut state = self.state.clone();
+        state.execution_props_mut().query_execution_start_time =
+            chrono::DateTime::from_timestamp_millis(entry.metadata.batch_timestamp_ms);
+        let physical = state.create_physical_plan(&self.plan).await?;
         durations.insert("queryPlanning".into(), ms(t.elapsed()));
 
         let t = Instant::now();

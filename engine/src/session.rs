@@ -407,9 +407,11 @@ impl DataStreamWriter {
         }
         let plan = with_fresh_streaming_tables(self.plan)?;
         let state = inner.ctx.state();
-        let plan = state.optimize(&plan)?;
+        // Optimized here only to find errors before anything starts; each batch optimizes the
+        // plan again with its own batch time, so now() is the batch's time, as in Spark.
+        let optimized = state.optimize(&plan)?;
         let tables = streaming_tables(&plan);
-        let schema = Arc::new(plan.schema().as_arrow().clone());
+        let schema = Arc::new(optimized.schema().as_arrow().clone());
 
         let sink: Arc<dyn Sink> = match self.foreach {
             Some(f) => Arc::new(ForeachBatchSink::new(f)),

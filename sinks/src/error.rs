@@ -41,6 +41,17 @@ impl Error {
             Error::Corrupt(_) => "SINK_MANIFEST_CORRUPT",
         }
     }
+
+    /// The SQLSTATE of this error.
+    pub fn sql_state(&self) -> &'static str {
+        match self {
+            Error::User(e) => e.sqlstate,
+            Error::Arrow(_) | Error::Parquet(_) => "XX000",
+            Error::Storage(_) => "58030",
+            Error::Foreach { .. } => "39000",
+            Error::Corrupt(_) => "KD002",
+        }
+    }
 }
 
 /// Result of sink operations.

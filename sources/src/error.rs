@@ -29,6 +29,25 @@ impl Error {
             Error::Corrupt(_) => "CHECKPOINT_FILE_CORRUPT",
         }
     }
+
+    /// The SQLSTATE of this error.
+    pub fn sql_state(&self) -> &'static str {
+        match self {
+            Error::User(e) => e.sqlstate,
+            Error::Arrow(_) => "XX000",
+            Error::Storage(_) => "58030",
+            Error::Corrupt(_) => "KD002",
+        }
+    }
+}
+
+/// A value the source would compute does not fit in 64 bits (Spark's `ARITHMETIC_OVERFLOW`).
+pub(crate) fn overflow(message: String) -> Error {
+    Error::User(ClassifiedError::new(
+        "ARITHMETIC_OVERFLOW",
+        "22003",
+        message,
+    ))
 }
 
 /// Result of source operations.

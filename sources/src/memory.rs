@@ -109,6 +109,13 @@ impl MemoryStream {
     }
 
     fn rows(&self, start: u64, end: u64) -> Result<Vec<RecordBatch>> {
+        if end < start {
+            return Err(Error::Corrupt(format!(
+                "The offsets log asks the memory stream '{}' for rows {start}..{end}, which run \
+                 backwards. Restore the offsets file or use a new checkpoint location.",
+                self.name()
+            )));
+        }
         let batches = self.inner.batches.read().map_err(|_| poisoned())?;
         let mut out = vec![];
         for (first, b) in batches.iter() {
@@ -257,6 +264,8 @@ mod tests {
         let o0 = r.initial_offset();
         let o1 = r.latest_offset(&o0, limit).await.unwrap();
         assert_eq!(o1, Offset::long(3));
+        let err = r.get_batch(&o1, &o0).await.unwrap_err();
+        assert_eq!(err.error_class(), "CHECKPOINT_FILE_CORRUPT", "{err}");
         let got: Vec<i64> = r.get_batch(&o0, &o1).await.unwrap()[0]
             .iter()
             .flat_map(|b| {

@@ -88,9 +88,22 @@ impl RateSourceProvider {
             None => None,
             Some(_) => Some(r.int_at_least("numPartitions", 1, 1)?),
         };
+        // As Spark: every offset the source can reach must fit in 64 bits.
+        let max_seconds = i64::MAX / rows_per_second;
+        let ramp_up_seconds = i64::try_from(ramp_up.as_secs())
+            .ok()
+            .filter(|s| *s <= max_seconds)
+            .ok_or_else(|| {
+                ClassifiedError::invalid_option(format!(
+                    "Invalid value for option 'rampUpTime' of the rate source: {} seconds is \
+                     longer than the {max_seconds} seconds after which {rows_per_second} rows \
+                     per second overflow a BIGINT.",
+                    ramp_up.as_secs()
+                ))
+            })?;
         Ok(Self {
             rows_per_second,
-            ramp_up_seconds: ramp_up.as_secs() as i64,
+            ramp_up_seconds,
             num_partitions,
             schema: rate_schema(),
         })
@@ -250,9 +263,20 @@ impl MicroBatchStream for RateStream {
             .into());
         }
         let (rps, ramp) = (self.def.rows_per_second, self.def.ramp_up_seconds);
+        let max_seconds = i64::MAX / rps;
+        let local_start_ms = start_s
+            .checked_mul(1000)
+            .and_then(|ms| ms.checked_add(self.start_time_ms))
+            .filter(|_| start_s >= 0 && end_s <= max_seconds)
+            .filter(|_| end_s.checked_mul(1_000_000).is_some())
+            .ok_or_else(|| {
+                crate::error::overflow(format!(
+                    "Integer overflow. Max offset with {rps} rowsPerSecond is {max_seconds}, but \
+                     it is {end_s} now. Use a new checkpoint location."
+                ))
+            })?;
         let range_start = value_at_second(start_s, rps, ramp);
         let range_end = value_at_second(end_s, rps, ramp);
-        let local_start_ms = self.start_time_ms + start_s * 1000;
         let ms_per_value = if range_end > range_start {
             ((end_s - start_s) * 1000) as f64 / (range_end - range_start) as f64
         } else {
@@ -293,6 +317,36 @@ mod tests {
         let ends: Vec<i64> = (0..7).map(|s| value_at_second(s, 10, 4)).collect();
         assert_eq!(ends, vec![0, 2, 6, 12, 20, 30, 40]);
         assert_eq!(value_at_second(3, 100, 0), 300);
+    }
+
+    #[test]
+    fn a_ramp_up_too_long_for_64_bit_offsets_is_an_option_error() {
+        let err = RateSourceProvider::try_new(
+            &Options::new()
+                .with("rowsPerSecond", "1000000")
+                .with("rampUpTime", "1000000000000000 seconds"),
+        )
+        .unwrap_err();
+        assert_eq!(err.error_class(), "STREAMING_INVALID_OPTION", "{err}");
+    }
+
+    #[tokio::test]
+    async fn an_offset_past_64_bits_is_an_overflow_error_not_a_panic() {
+        let dir = tempfile::tempdir().unwrap();
+        let def =
+            RateSourceProvider::try_new(&Options::new().with("rowsPerSecond", "1000")).unwrap();
+        let mut s = def
+            .open(SourceContext {
+                metadata: weir_common::Location::local(dir.path()).unwrap(),
+            })
+            .await
+            .unwrap();
+        let huge = Offset(serde_json::json!(i64::MAX / 10));
+        let err = s
+            .get_batch(&Offset(serde_json::json!(0)), &huge)
+            .await
+            .unwrap_err();
+        assert_eq!(err.error_class(), "ARITHMETIC_OVERFLOW", "{err}");
     }
 
     #[test]

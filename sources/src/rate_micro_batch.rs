@@ -9,6 +9,7 @@ use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 use weir_common::Options;
 
+use crate::error::overflow;
 use crate::rate::{generate_partition, rate_schema};
 use crate::{
     Error, MicroBatchStream, Offset, Partitions, ReadLimit, Result, SourceContext, SourceProvider,
@@ -108,10 +109,21 @@ struct RateMicroBatchStream {
 }
 
 impl RateMicroBatchStream {
-    fn next_after(&self, start: RateMicroBatchOffset) -> RateMicroBatchOffset {
-        RateMicroBatchOffset {
-            offset: start.offset + self.def.rows_per_batch,
-            timestamp: start.timestamp + self.def.advance_millis_per_batch,
+    fn next_after(&self, start: RateMicroBatchOffset) -> Result<RateMicroBatchOffset> {
+        match (
+            start.offset.checked_add(self.def.rows_per_batch),
+            start
+                .timestamp
+                .checked_add(self.def.advance_millis_per_batch)
+                .filter(|t| t.checked_mul(1000).is_some()),
+        ) {
+            (Some(offset), Some(timestamp)) => Ok(RateMicroBatchOffset { offset, timestamp }),
+            _ => Err(overflow(format!(
+                "The rate-micro-batch source cannot go past offset {} / timestamp {} ms: the \
+                 next batch's values or timestamps would not fit in 64 bits. Use a smaller \
+                 startTimestamp, or a new checkpoint location to start from 0.",
+                start.offset, start.timestamp
+            ))),
         }
     }
 }
@@ -142,7 +154,7 @@ impl MicroBatchStream for RateMicroBatchStream {
         let start = RateMicroBatchOffset::from(start)?;
         let end = match self.available_now_target {
             Some(target) if start.offset >= target.offset => start,
-            _ => self.next_after(start),
+            _ => self.next_after(start)?,
         };
         let end = end.to_offset();
         self.latest = Some(end.clone());
@@ -158,7 +170,17 @@ impl MicroBatchStream for RateMicroBatchStream {
             RateMicroBatchOffset::from(start)?,
             RateMicroBatchOffset::from(end)?,
         );
-        let ts_micros = s.timestamp * 1000;
+        if e.offset < s.offset || s.offset < 0 {
+            return Err(Error::Corrupt(format!(
+                "The offsets log asks the rate-micro-batch source for values {}..{}, which is \
+                 not a valid range. Restore the offsets file or use a new checkpoint location.",
+                s.offset, e.offset
+            )));
+        }
+        let ts_micros = s
+            .timestamp
+            .checked_mul(1000)
+            .ok_or_else(|| overflow(format!("timestamp {} ms is out of range", s.timestamp)))?;
         (0..self.partitions)
             .map(|p| {
                 generate_partition(
@@ -175,7 +197,7 @@ impl MicroBatchStream for RateMicroBatchStream {
 
     async fn prepare_for_available_now(&mut self, start: &Offset) -> Result<Offset> {
         // "Available now" for a generator is one more batch.
-        let target = self.next_after(RateMicroBatchOffset::from(start)?);
+        let target = self.next_after(RateMicroBatchOffset::from(start)?)?;
         self.available_now_target = Some(target);
         Ok(target.to_offset())
     }
@@ -191,6 +213,30 @@ mod tests {
         SourceContext {
             metadata: weir_common::Location::local(dir.path()).unwrap(),
         }
+    }
+
+    #[tokio::test]
+    async fn offsets_past_64_bits_and_damaged_ranges_are_errors_not_panics() {
+        let dir = tempfile::tempdir().unwrap();
+        let def = RateMicroBatchSourceProvider::try_new(
+            &Options::new()
+                .with("rowsPerBatch", "10")
+                .with("startTimestamp", i64::MAX.to_string()),
+        )
+        .unwrap();
+        let mut s = def.open(ctx(&dir)).await.unwrap();
+        let o0 = s.initial_offset();
+        let err = s
+            .latest_offset(&o0, ReadLimit::AllAvailable)
+            .await
+            .unwrap_err();
+        assert_eq!(err.error_class(), "ARITHMETIC_OVERFLOW", "{err}");
+        let backwards = (
+            Offset(serde_json::json!({"offset": 20, "timestamp": 0})),
+            Offset(serde_json::json!({"offset": 10, "timestamp": 0})),
+        );
+        let err = s.get_batch(&backwards.0, &backwards.1).await.unwrap_err();
+        assert_eq!(err.error_class(), "CHECKPOINT_FILE_CORRUPT", "{err}");
     }
 
     #[tokio::test]
