@@ -327,6 +327,10 @@ impl Execution {
                 }
             }
             let wait = match (self.trigger, &outcome) {
+                // As Spark, a trigger without data also sleeps the polling delay.
+                (Trigger::ProcessingTime(d), TriggerOutcome::NoData { .. }) => {
+                    d.saturating_sub(trigger_start.elapsed()).max(POLLING_DELAY)
+                }
                 (Trigger::ProcessingTime(d), _) => d.saturating_sub(trigger_start.elapsed()),
                 (_, TriggerOutcome::NoData { .. }) => POLLING_DELAY,
                 _ => Duration::ZERO,
