@@ -144,3 +144,42 @@ async fn killed_at_every_stage_of_the_loop_the_parquet_sink_holds_every_value_ex
     assert_eq!(on_disk, committed + mid_sink_kills, "part files on disk");
     assert!(rows[0].column(0).len() == 1);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reader_of_a_sink_folder_never_sees_the_part_file_of_a_crashed_first_batch() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("out");
+    let ck = dir.path().join("ck");
+    let (out, ck) = (out.to_str().unwrap(), ck.to_str().unwrap());
+    let sql = format!(
+        "CREATE STREAMING TABLE first USING parquet LOCATION '{out}' AS \
+         SELECT value FROM STREAM rate_micro_batch(rowsPerBatch => {ROWS_PER_BATCH})"
+    );
+    // Killed after batch 0's part file is written, before any manifest entry exists.
+    run_and_kill_at(&sql, ck, "sink_mid", 0);
+    let session = WeirSession::new();
+    session
+        .context()
+        .sql(&format!(
+            "CREATE EXTERNAL TABLE early STORED AS PARQUET LOCATION '{out}'"
+        ))
+        .await
+        .unwrap();
+    let count = || async {
+        let r = session.sql("SELECT count(*) FROM early").await.unwrap();
+        let StatementResult::Rows(rows) = r else {
+            panic!("expected rows")
+        };
+        rows[0]
+            .column(0)
+            .as_any()
+            .downcast_ref::<Int64Array>()
+            .unwrap()
+            .value(0)
+    };
+    assert_eq!(count().await, 0, "the uncommitted part file was read");
+    let status = weir(&sql, ck, &["--max-batches", "1"]).status().unwrap();
+    assert!(status.success());
+    // The same table, created before the restart, now sees the replayed batch exactly once.
+    assert_eq!(count().await, ROWS_PER_BATCH);
+}

@@ -145,17 +145,40 @@ impl TableProviderFactory for ManifestAwareTableFactory {
         state: &dyn Session,
         cmd: &CreateExternalTable,
     ) -> Result<Arc<dyn TableProvider>> {
-        if let [location] = cmd.locations.as_slice() {
-            let local = !location.contains("://") || location.starts_with("file://");
-            if local
-                && std::path::Path::new(location.trim_start_matches("file://"))
-                    .join(weir_sinks::MANIFEST_DIR)
-                    .is_dir()
-                && let Some(t) = FileSinkTable::try_open(location).await?
-            {
+        if let [location] = cmd.locations.as_slice()
+            && (!location.contains("://") || location.starts_with("file://"))
+            && is_sink_directory(std::path::Path::new(location.trim_start_matches("file://")))
+        {
+            if let Some(t) = FileSinkTable::try_open(location).await? {
                 return Ok(Arc::new(t));
             }
+            // A sink that has not committed a batch yet: any part file is uncommitted. Take the
+            // schema DataFusion finds (or was given), and read the manifest at each scan.
+            let schema = self.inner.create(state, cmd).await?.schema();
+            let location = Location::parse(location).map_err(ext)?;
+            return Ok(Arc::new(FileSinkTable::new(location, schema)));
         }
         self.inner.create(state, cmd).await
     }
+}
+
+/// Whether `dir` is a weir file sink's output: it has a manifest folder, or part files named
+/// the way the sink names them (`part-<batch, 5 digits>-<uuid>.<ext>`), which a crash before the
+/// first manifest entry leaves behind.
+fn is_sink_directory(dir: &std::path::Path) -> bool {
+    if dir.join(weir_sinks::MANIFEST_DIR).is_dir() {
+        return true;
+    }
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return false;
+    };
+    entries.flatten().any(|e| {
+        let name = e.file_name();
+        let name = name.to_string_lossy();
+        name.strip_prefix("part-").is_some_and(|rest| {
+            rest.len() > 6
+                && rest.as_bytes()[..5].iter().all(u8::is_ascii_digit)
+                && rest.as_bytes()[5] == b'-'
+        })
+    })
 }
