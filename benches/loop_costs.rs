@@ -37,6 +37,7 @@ fn offset_entry(batch: i64) -> OffsetEntry {
             end: Offset(
                 serde_json::json!({"offset": (batch + 1) * 1000, "timestamp": (batch + 1) * 1000}),
             ),
+            source: Some("rate-micro-batch".into()),
         }],
     }
 }

@@ -68,7 +68,7 @@ pub(crate) enum RestartPoint {
 impl RestartPoint {
     /// Reads where `checkpoint` left off and checks that the logged batch read as many sources
     /// as the query has now.
-    pub(crate) async fn read(checkpoint: &Checkpoint, sources: usize) -> Result<Option<Self>> {
+    pub(crate) async fn read(checkpoint: &Checkpoint, sources: &[String]) -> Result<Option<Self>> {
         let (point, batch) = match checkpoint.resume_point().await? {
             Resume::Fresh => return Ok(None),
             Resume::After { last } => {
@@ -88,16 +88,40 @@ impl RestartPoint {
                 (Self::Replay { batch, entry }, batch)
             }
         };
-        let logged = match &point {
-            Self::After { entry, .. } | Self::Replay { entry, .. } => entry.sources.len(),
+        let entry = match &point {
+            Self::After { entry, .. } | Self::Replay { entry, .. } => entry,
         };
-        if logged != sources {
+        let logged = entry.sources.len();
+        let sources_now = sources.len();
+        if let Some((i, was, now)) =
+            entry
+                .sources
+                .iter()
+                .zip(sources)
+                .enumerate()
+                .find_map(|(i, (r, now))| match &r.source {
+                    Some(was) if was != now => Some((i, was, now)),
+                    _ => None,
+                })
+        {
+            return Err(Error::user(
+                "STREAMING_QUERY_SOURCES_CHANGED",
+                "42K03",
+                format!(
+                    "Source {i} of the query is now '{now}', but the checkpoint's batch {batch} \
+                     read '{was}' there; its offsets cannot be read by another source. A query \
+                     restarted from a checkpoint must read the same sources in the same order; \
+                     undo the change, or start the changed query with a new checkpoint location."
+                ),
+            ));
+        }
+        if logged != sources_now {
             return Err(Error::user(
                 "STREAMING_QUERY_SOURCES_CHANGED",
                 "42K03",
                 format!(
                     "The checkpoint's batch {batch} read {logged} source(s), but the query now has \
-                     {sources}. A query restarted from a checkpoint must read the same sources in \
+                     {sources_now}. A query restarted from a checkpoint must read the same sources in \
                      the same order; undo the change, or start the changed query with a new \
                      checkpoint location."
                 ),
@@ -387,9 +411,11 @@ impl Execution {
                         .starts
                         .iter()
                         .zip(ends)
-                        .map(|(start, end)| SourceRange {
+                        .zip(&self.tables)
+                        .map(|((start, end), table)| SourceRange {
                             start: start.clone(),
                             end,
+                            source: Some(table.source().identity()),
                         })
                         .collect(),
                 };

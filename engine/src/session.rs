@@ -456,7 +456,8 @@ impl DataStreamWriter {
             }
         };
         let checkpoint = Checkpoint::open(location, temporary).await?;
-        let restart = RestartPoint::read(&checkpoint, tables.len()).await?;
+        let identities: Vec<String> = tables.iter().map(|t| t.source().identity()).collect();
+        let restart = RestartPoint::read(&checkpoint, &identities).await?;
         let shared = Shared::new(checkpoint.id(), self.query_name.clone());
         let query = StreamingQuery {
             shared: Arc::clone(&shared),

@@ -93,10 +93,10 @@ impl FileSink {
         };
         let delimiter = match r.string("delimiter") {
             None => b',',
-            Some(d) if d.len() == 1 => d.as_bytes()[0],
+            Some(d) if d.len() == 1 && d.is_ascii() => d.as_bytes()[0],
             Some(d) => {
                 return Err(ClassifiedError::invalid_option(format!(
-                    "Invalid value '{d}' for option 'delimiter' of the csv sink: expected a single character."
+                    "Invalid value '{d}' for option 'delimiter' of the csv sink: expected a single ASCII character."
                 ))
                 .into());
             }
@@ -294,8 +294,9 @@ pub async fn read_manifest(location: &Location) -> Result<Option<SinkManifest>> 
         let rel = format!("{MANIFEST_DIR}/{id}");
         let corrupt = |why: &str| {
             Error::Corrupt(format!(
-                "The file sink manifest entry '{}/{rel}' {why}. Restore it from a backup, or \
-                 delete it together with the files of batch {id} and restart the query.",
+                "The file sink manifest entry '{}/{rel}' {why}. Restore it from a backup: \
+                 deleting it would hide batch {id} from every reader for good, because the \
+                 query has committed that batch and will not write it again.",
                 location.display()
             ))
         };

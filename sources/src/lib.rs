@@ -40,6 +40,13 @@ pub trait SourceProvider: Debug + Send + Sync {
     /// The format name this source was created under, e.g. `rate`.
     fn format(&self) -> &str;
 
+    /// What the offsets log records to recognise this source on restart: the format, plus what
+    /// tells two sources of one format apart where offsets are not interchangeable (a memory
+    /// stream's name).
+    fn identity(&self) -> String {
+        self.format().to_string()
+    }
+
     /// The schema of every batch the source produces.
     fn schema(&self) -> SchemaRef;
 

@@ -159,6 +159,10 @@ impl SourceProvider for MemoryStreamProvider {
         "memory"
     }
 
+    fn identity(&self) -> String {
+        format!("memory:{}", self.stream.name())
+    }
+
     fn schema(&self) -> SchemaRef {
         self.stream.schema()
     }

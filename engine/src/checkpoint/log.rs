@@ -39,6 +39,9 @@ pub struct SourceRange {
     pub start: Offset,
     /// Where the batch stops reading.
     pub end: Offset,
+    /// Which source this is ([`weir_sources::SourceProvider::identity`]), checked on restart.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub source: Option<String>,
 }
 
 /// An entry of the offsets log: everything needed to re-run batch N exactly.
@@ -148,6 +151,7 @@ mod tests {
             sources: vec![SourceRange {
                 start: Offset::long(3),
                 end: Offset(serde_json::json!({"offset": 10, "timestamp": 1000})),
+                source: Some("rate-micro-batch".into()),
             }],
         }
     }
