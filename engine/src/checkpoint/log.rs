@@ -161,10 +161,18 @@ mod tests {
         let text = entry().encode();
         assert!(text.starts_with("v1\n{\"batchWatermarkMs\":0,"), "{text}");
         assert!(
-            text.ends_with("{\"start\":3,\"end\":{\"offset\":10,\"timestamp\":1000}}"),
+            text.ends_with(
+                "{\"start\":3,\"end\":{\"offset\":10,\"timestamp\":1000},\"source\":\"rate-micro-batch\"}"
+            ),
             "{text}"
         );
         assert_eq!(OffsetEntry::decode(text.as_bytes()).unwrap(), entry());
+        // Entries written before sources were named still read.
+        let unnamed = text.replace(",\"source\":\"rate-micro-batch\"", "");
+        assert_eq!(
+            OffsetEntry::decode(unnamed.as_bytes()).unwrap().sources[0].source,
+            None
+        );
     }
 
     #[test]
