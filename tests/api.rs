@@ -370,8 +370,20 @@ async fn a_second_run_on_the_same_checkpoint_is_refused_and_the_first_keeps_runn
     let err = start().await.unwrap_err();
     assert_eq!(err.error_class(), "CONCURRENT_QUERY");
     assert!(first.is_active());
+    let active: Vec<_> = session.streams().active().iter().map(|q| q.id()).collect();
+    assert_eq!(active, vec![first.id()], "only the first run is active");
+    assert_eq!(
+        session.streams().get(first.id()).unwrap().run_id(),
+        first.run_id()
+    );
     first.stop().await;
     assert!(first.exception().is_none());
+    assert!(session.streams().active().is_empty());
+    // Stopped, its checkpoint can be run again at once, with a new run id and the same id.
+    let again = start().await.unwrap();
+    assert_eq!(again.id(), first.id());
+    assert_ne!(again.run_id(), first.run_id());
+    again.stop().await;
 }
 
 #[tokio::test]

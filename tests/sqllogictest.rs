@@ -158,7 +158,11 @@ impl AsyncDB for WeirDb {
 }
 
 fn slt_files(filter: Option<&str>) -> Vec<PathBuf> {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/slt");
+    // At run time (cargo sets it): a binary shared through CARGO_TARGET_DIR by several clones
+    // may have been built from another one.
+    let root =
+        std::env::var("CARGO_MANIFEST_DIR").unwrap_or_else(|_| env!("CARGO_MANIFEST_DIR").into());
+    let dir = Path::new(&root).join("tests/slt");
     let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
         .unwrap_or_else(|e| panic!("cannot read {}: {e}", dir.display()))
         .map(|e| e.unwrap().path())
