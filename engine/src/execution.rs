@@ -159,6 +159,17 @@ fn now_ms() -> i64 {
     chrono::Utc::now().timestamp_millis()
 }
 
+/// When the trigger after one that started at `start_ms` starts: the next multiple of the
+/// interval, as Spark's `ProcessingTimeExecutor.nextBatchTime` (so batches start on whole
+/// intervals, and a batch longer than the interval is followed at once by the next).
+fn next_trigger_ms(start_ms: i64, interval_ms: i64) -> i64 {
+    if interval_ms <= 0 {
+        start_ms
+    } else {
+        start_ms / interval_ms * interval_ms + interval_ms
+    }
+}
+
 fn push_recent(recent: &mut VecDeque<StreamingQueryProgress>, p: StreamingQueryProgress) {
     if recent.len() >= RECENT_PROGRESS {
         recent.pop_front();
@@ -350,12 +361,16 @@ impl Execution {
                     }
                 }
             }
+            let until_next = |d: Duration| {
+                let next = next_trigger_ms(trigger_epoch_ms, d.as_millis() as i64);
+                Duration::from_millis(next.saturating_sub(now_ms()).max(0) as u64)
+            };
             let wait = match (self.trigger, &outcome) {
                 // As Spark, a trigger without data also sleeps the polling delay.
                 (Trigger::ProcessingTime(d), TriggerOutcome::NoData { .. }) => {
-                    d.saturating_sub(trigger_start.elapsed()).max(POLLING_DELAY)
+                    until_next(d).max(POLLING_DELAY)
                 }
-                (Trigger::ProcessingTime(d), _) => d.saturating_sub(trigger_start.elapsed()),
+                (Trigger::ProcessingTime(d), _) => until_next(d),
                 (_, TriggerOutcome::NoData { .. }) => POLLING_DELAY,
                 _ => Duration::ZERO,
             };
@@ -607,5 +622,18 @@ fn status(message: &str, data: bool, active: bool) -> crate::QueryStatus {
         message: message.into(),
         is_data_available: data,
         is_trigger_active: active,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::next_trigger_ms;
+
+    #[test]
+    fn processing_time_triggers_start_on_whole_intervals() {
+        assert_eq!(next_trigger_ms(1_000, 1_000), 2_000);
+        assert_eq!(next_trigger_ms(1_999, 1_000), 2_000);
+        assert_eq!(next_trigger_ms(2_000, 1_000), 3_000);
+        assert_eq!(next_trigger_ms(1_234, 0), 1_234);
     }
 }
