@@ -198,6 +198,17 @@ fn a_damaged_checkpoint_is_reported_with_its_path_and_left_untouched() {
         files.sort();
         files
     };
+    let run_one = || {
+        weir(&[
+            "run",
+            "-e",
+            &sql,
+            "--checkpoint",
+            ck_s,
+            "--max-batches",
+            "1",
+        ])
+    };
     let damages: [(&str, &[u8], &str); 3] = [
         ("offsets/1", b"v1\n{not json", "offsets/1"),
         ("commits/1", b"v9\n{}", "commits/1"),
@@ -208,15 +219,7 @@ fn a_damaged_checkpoint_is_reported_with_its_path_and_left_untouched() {
         let original = std::fs::read(&path).unwrap();
         std::fs::write(&path, garbage).unwrap();
         let (before_ck, before_out) = (snapshot(&ck), snapshot(&out));
-        let (ok, _, stderr) = weir(&[
-            "run",
-            "-e",
-            &sql,
-            "--checkpoint",
-            ck_s,
-            "--max-batches",
-            "1",
-        ]);
+        let (ok, _, stderr) = run_one();
         assert!(!ok, "a damaged {file} must stop the run");
         assert!(
             stderr.contains("CHECKPOINT_FILE_CORRUPT"),
@@ -236,15 +239,7 @@ fn a_damaged_checkpoint_is_reported_with_its_path_and_left_untouched() {
         std::fs::write(&path, original).unwrap();
     }
     // Repaired, it runs on from batch 2.
-    let (ok, _, stderr) = weir(&[
-        "run",
-        "-e",
-        &sql,
-        "--checkpoint",
-        ck_s,
-        "--max-batches",
-        "1",
-    ]);
+    let (ok, _, stderr) = run_one();
     assert!(ok, "{stderr}");
     assert!(ck.join("commits/2").exists());
 }
