@@ -488,3 +488,40 @@ async fn now_is_each_batchs_logged_time() {
     }
     assert!(nows.windows(2).all(|w| w[0] < w[1]), "{nows:?}");
 }
+
+#[tokio::test]
+async fn old_log_entries_are_purged_past_min_batches_to_retain_and_a_restart_still_works() {
+    let session = WeirSession::new();
+    let ck = tempfile::tempdir().unwrap();
+    let run = |batches: u64| {
+        session
+            .read_stream()
+            .format("rate-micro-batch")
+            .option("rowsPerBatch", 2)
+            .load()
+            .unwrap()
+            .write_stream()
+            .unwrap()
+            .format("noop")
+            .checkpoint_location(ck.path().to_str().unwrap())
+            .min_batches_to_retain(3)
+            .max_batches(batches)
+            .start()
+    };
+    run(10).await.unwrap().await_termination().await.unwrap();
+    let ids = |dir: &str| {
+        let mut ids: Vec<u64> = std::fs::read_dir(ck.path().join(dir))
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().parse().unwrap())
+            .collect();
+        ids.sort();
+        ids
+    };
+    let offsets = ids("offsets");
+    assert_eq!(offsets.last(), Some(&9));
+    assert!(offsets.len() <= 4 && offsets.len() >= 3, "{offsets:?}");
+    assert!(ids("commits").len() <= 4, "{:?}", ids("commits"));
+    let q = run(1).await.unwrap();
+    q.await_termination().await.unwrap();
+    assert_eq!(q.last_progress().unwrap().batch_id, 10);
+}

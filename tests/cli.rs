@@ -256,3 +256,32 @@ fn walk(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
     }
     out
 }
+
+#[test]
+fn without_a_checkpoint_location_a_temporary_one_is_used_announced_and_removed() {
+    let (ok, _, stderr) = weir(&[
+        "run",
+        "-e",
+        "SELECT value FROM STREAM rate_micro_batch(rowsPerBatch => 1)",
+        "--max-batches",
+        "1",
+    ]);
+    assert!(ok, "{stderr}");
+    let line = stderr
+        .lines()
+        .find(|l| l.contains("temporary checkpoint"))
+        .unwrap_or_else(|| panic!("no warning: {stderr}"));
+    let dir = line
+        .split_whitespace()
+        .find(|w| w.contains("weir-checkpoint-"))
+        .unwrap();
+    assert!(
+        dir.starts_with(std::env::temp_dir().to_str().unwrap()),
+        "not a temporary path: {dir}"
+    );
+    assert!(
+        !line.contains('\u{1b}'),
+        "colour codes in a log that is not a terminal: {line}"
+    );
+    assert!(!std::path::Path::new(dir).exists(), "{dir} was left behind");
+}
