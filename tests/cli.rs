@@ -285,3 +285,53 @@ fn without_a_checkpoint_location_a_temporary_one_is_used_announced_and_removed()
     );
     assert!(!std::path::Path::new(dir).exists(), "{dir} was left behind");
 }
+
+#[test]
+fn bench_reports_rates_latencies_and_the_duration_breakdown() {
+    let (ok, stdout, stderr) = weir(&[
+        "bench",
+        "--workload",
+        "q1",
+        "--batches",
+        "3",
+        "--warmup",
+        "1",
+        "--rows-per-batch",
+        "1000",
+        "--json",
+    ]);
+    assert!(ok, "{stderr}");
+    let r: serde_json::Value = serde_json::from_str(stdout.trim()).unwrap();
+    assert_eq!(r["batches"], 3);
+    assert_eq!(r["rowsPerBatch"], 1000);
+    assert!(r["rowsPerSec"]["median"].as_f64().unwrap() > 0.0, "{r}");
+    assert!(r["batchLatencyMs"]["p99"].is_number(), "{r}");
+    for key in [
+        "latestOffset",
+        "walCommit",
+        "getBatch",
+        "queryPlanning",
+        "addBatch",
+        "commitOffsets",
+        "triggerExecution",
+    ] {
+        assert!(r["durationMsMedian"][key].is_number(), "{key} missing: {r}");
+    }
+    let (ok, table, _) = weir(&[
+        "bench",
+        "--batches",
+        "2",
+        "--warmup",
+        "0",
+        "--rows-per-batch",
+        "10",
+    ]);
+    assert!(ok);
+    assert!(
+        table.contains("rows/s (median per batch)") && table.contains("p99"),
+        "{table}"
+    );
+    let (ok, _, stderr) = weir(&["bench", "--workload", "q9"]);
+    assert!(!ok);
+    assert!(stderr.contains("UNKNOWN_BENCH_WORKLOAD"), "{stderr}");
+}
