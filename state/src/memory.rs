@@ -1,0 +1,159 @@
+//! The in-memory state store provider: every version held in memory, for operator unit tests
+//! and short-lived queries. Not durable across processes; no async checkpointing.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex};
+
+use crate::store::{KeyRange, StateStore, StateStoreProvider, StoreId, StoreMetrics, WriteBatch};
+use crate::{Error, Result};
+
+type Map = BTreeMap<Vec<u8>, Vec<u8>>;
+type Versions = HashMap<StoreId, BTreeMap<u64, Arc<Map>>>;
+
+/// Keeps every committed version of every store in memory. Clones share the same stores, so a
+/// test can "restart" an operator by opening again from a clone.
+#[derive(Debug, Clone, Default)]
+pub struct MemoryStateStoreProvider {
+    versions: Arc<Mutex<Versions>>,
+}
+
+impl MemoryStateStoreProvider {
+    /// An empty provider.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    fn lock(&self, id: &StoreId) -> Result<std::sync::MutexGuard<'_, Versions>> {
+        self.versions.lock().map_err(|_| Error::Backend {
+            store: id.to_string(),
+            message: "the in-memory store's lock was poisoned by a panic".into(),
+        })
+    }
+}
+
+impl StateStoreProvider for MemoryStateStoreProvider {
+    fn name(&self) -> &'static str {
+        "memory"
+    }
+
+    fn supports_async_checkpoint(&self) -> bool {
+        false
+    }
+
+    fn open(&self, id: &StoreId, version: u64) -> Result<Box<dyn StateStore>> {
+        let versions = self.lock(id)?;
+        let state = match versions.get(id).and_then(|v| v.get(&version)) {
+            Some(state) => Arc::clone(state),
+            None if version == 0 => Arc::new(Map::new()),
+            None => {
+                let available = versions
+                    .get(id)
+                    .map(|v| v.keys().map(u64::to_string).collect::<Vec<_>>().join(", "))
+                    .filter(|s| !s.is_empty())
+                    .unwrap_or_else(|| "none".into());
+                return Err(Error::VersionNotFound {
+                    store: id.to_string(),
+                    version,
+                    available,
+                });
+            }
+        };
+        Ok(Box::new(MemoryStateStore {
+            id: id.clone(),
+            version,
+            state,
+            versions: Arc::clone(&self.versions),
+        }))
+    }
+
+    fn purge_below(&self, id: &StoreId, version: u64) -> Result<()> {
+        if let Some(v) = self.lock(id)?.get_mut(id) {
+            v.retain(|&k, _| k >= version);
+        }
+        Ok(())
+    }
+}
+
+struct MemoryStateStore {
+    id: StoreId,
+    version: u64,
+    /// The state as of `version`, plus applied writes (copied on the first write).
+    state: Arc<Map>,
+    versions: Arc<Mutex<Versions>>,
+}
+
+impl StateStore for MemoryStateStore {
+    fn id(&self) -> &StoreId {
+        &self.id
+    }
+
+    fn version(&self) -> u64 {
+        self.version
+    }
+
+    fn multi_get(&self, keys: &[&[u8]]) -> Result<Vec<Option<Vec<u8>>>> {
+        Ok(keys.iter().map(|k| self.state.get(*k).cloned()).collect())
+    }
+
+    fn scan(&self, range: &KeyRange) -> Result<Vec<(Vec<u8>, Vec<u8>)>> {
+        Ok(self
+            .state
+            .range::<Vec<u8>, _>((range.start.clone(), range.end.clone()))
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect())
+    }
+
+    fn apply(&mut self, batch: WriteBatch) -> Result<()> {
+        if batch.is_empty() {
+            return Ok(());
+        }
+        let state = Arc::make_mut(&mut self.state);
+        for (k, v) in batch.ops() {
+            match v {
+                Some(v) => state.insert(k.clone(), v.clone()),
+                None => state.remove(k),
+            };
+        }
+        Ok(())
+    }
+
+    fn commit(&mut self) -> Result<u64> {
+        let next = self.version + 1;
+        let mut versions = self.versions.lock().map_err(|_| Error::Backend {
+            store: self.id.to_string(),
+            message: "the in-memory store's lock was poisoned by a panic".into(),
+        })?;
+        versions
+            .entry(self.id.clone())
+            .or_default()
+            .insert(next, Arc::clone(&self.state));
+        self.version = next;
+        Ok(next)
+    }
+
+    fn metrics(&self) -> StoreMetrics {
+        StoreMetrics {
+            num_keys: self.state.len() as u64,
+            memory_used_bytes: self
+                .state
+                .iter()
+                .map(|(k, v)| (k.len() + v.len()) as u64)
+                .sum(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_in_memory_provider_meets_the_state_store_contract() {
+        crate::conformance::check(&MemoryStateStoreProvider::new());
+    }
+
+    #[test]
+    fn it_has_no_async_checkpointing() {
+        assert!(!MemoryStateStoreProvider::new().supports_async_checkpoint());
+    }
+}

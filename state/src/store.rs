@@ -1,0 +1,158 @@
+//! The backend-neutral state store trait and its vocabulary.
+
+use std::fmt;
+use std::ops::Bound;
+
+use crate::Result;
+
+/// One state store instance: an operator's store `name` for one shuffle partition.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct StoreId {
+    /// The stateful operator's ID (its position in plan-traversal order).
+    pub operator: u32,
+    /// The shuffle partition.
+    pub partition: u32,
+    /// The store's name within the operator (e.g. `default`, `left-keyToNumValues`).
+    pub name: String,
+}
+
+impl StoreId {
+    /// A store ID.
+    pub fn new(operator: u32, partition: u32, name: impl Into<String>) -> Self {
+        Self {
+            operator,
+            partition,
+            name: name.into(),
+        }
+    }
+}
+
+impl fmt::Display for StoreId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}/{}", self.operator, self.partition, self.name)
+    }
+}
+
+/// The changes of one micro-batch to one store, applied together.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct WriteBatch {
+    ops: Vec<(Vec<u8>, Option<Vec<u8>>)>,
+}
+
+impl WriteBatch {
+    /// An empty batch.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Sets `key` to `value`.
+    pub fn put(&mut self, key: impl Into<Vec<u8>>, value: impl Into<Vec<u8>>) {
+        self.ops.push((key.into(), Some(value.into())));
+    }
+
+    /// Removes `key`.
+    pub fn delete(&mut self, key: impl Into<Vec<u8>>) {
+        self.ops.push((key.into(), None));
+    }
+
+    /// The operations in order; a later one on the same key wins.
+    pub fn ops(&self) -> &[(Vec<u8>, Option<Vec<u8>>)] {
+        &self.ops
+    }
+
+    /// Whether the batch changes nothing.
+    pub fn is_empty(&self) -> bool {
+        self.ops.is_empty()
+    }
+}
+
+/// A range of keys in byte order.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KeyRange {
+    /// Lower bound.
+    pub start: Bound<Vec<u8>>,
+    /// Upper bound.
+    pub end: Bound<Vec<u8>>,
+}
+
+impl KeyRange {
+    /// Every key.
+    pub fn all() -> Self {
+        Self {
+            start: Bound::Unbounded,
+            end: Bound::Unbounded,
+        }
+    }
+
+    /// Keys below `end` (exclusive): what a watermark evicts when event time leads the key.
+    pub fn below(end: impl Into<Vec<u8>>) -> Self {
+        Self {
+            start: Bound::Unbounded,
+            end: Bound::Excluded(end.into()),
+        }
+    }
+
+    /// Whether `key` lies in the range.
+    pub fn contains(&self, key: &[u8]) -> bool {
+        let above_start = match &self.start {
+            Bound::Unbounded => true,
+            Bound::Included(s) => key >= s.as_slice(),
+            Bound::Excluded(s) => key > s.as_slice(),
+        };
+        let below_end = match &self.end {
+            Bound::Unbounded => true,
+            Bound::Included(e) => key <= e.as_slice(),
+            Bound::Excluded(e) => key < e.as_slice(),
+        };
+        above_start && below_end
+    }
+}
+
+/// Figures a store reports for the progress record's `stateOperators`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct StoreMetrics {
+    /// Keys in the store at its current version.
+    pub num_keys: u64,
+    /// Bytes of memory the store uses.
+    pub memory_used_bytes: u64,
+}
+
+/// A key-value store with versions, read and written a micro-batch at a time.
+pub trait StateStore: Send {
+    /// The store's identity.
+    fn id(&self) -> &StoreId;
+
+    /// The version the store was opened at; reads see it plus the writes applied since.
+    fn version(&self) -> u64;
+
+    /// The values of `keys`, in order (`None` where absent), including writes applied since
+    /// opening.
+    fn multi_get(&self, keys: &[&[u8]]) -> Result<Vec<Option<Vec<u8>>>>;
+
+    /// Every key-value pair in `range`, in key order, including writes applied since opening.
+    fn scan(&self, range: &KeyRange) -> Result<Vec<(Vec<u8>, Vec<u8>)>>;
+
+    /// Stages a micro-batch's changes; they become durable only with [`StateStore::commit`].
+    fn apply(&mut self, batch: WriteBatch) -> Result<()>;
+
+    /// Makes the state durable as version `version() + 1` and returns that version.
+    fn commit(&mut self) -> Result<u64>;
+
+    /// The store's figures at this point.
+    fn metrics(&self) -> StoreMetrics;
+}
+
+/// A state backend: opens store instances at a version and forgets old versions.
+pub trait StateStoreProvider: Send + Sync + fmt::Debug {
+    /// The backend's name as users configure it (`memory`, `rocksdb`).
+    fn name(&self) -> &'static str;
+
+    /// Whether the backend can make versions durable in the background (async checkpointing).
+    fn supports_async_checkpoint(&self) -> bool;
+
+    /// Opens `id` at `version`; version 0 is the empty state before the first batch.
+    fn open(&self, id: &StoreId, version: u64) -> Result<Box<dyn StateStore>>;
+
+    /// Forgets the versions of `id` below `version` (with the batch retention).
+    fn purge_below(&self, id: &StoreId, version: u64) -> Result<()>;
+}
