@@ -53,25 +53,32 @@ pub(crate) fn check(provider: &dyn StateStoreProvider) {
     assert_eq!(s.commit().unwrap(), 2);
 
     // Scans are in byte order and honour bounds.
+    let at2 = vec![
+        ("a".to_string(), "10".to_string()),
+        ("c".into(), "3".into()),
+        ("d".into(), "4".into()),
+    ];
     let s2 = provider.open(&id, 2).unwrap();
-    assert_eq!(
-        strings(s2.scan(&KeyRange::all()).unwrap()),
-        vec![
-            ("a".into(), "10".into()),
-            ("c".into(), "3".into()),
-            ("d".into(), "4".into())
-        ]
-    );
+    assert_eq!(strings(s2.scan(&KeyRange::all()).unwrap()), at2);
     assert_eq!(
         strings(s2.scan(&KeyRange::below(b"d".to_vec())).unwrap()),
-        vec![("a".into(), "10".into()), ("c".into(), "3".into())]
+        at2[..2].to_vec()
     );
+    let inclusive = KeyRange {
+        start: std::ops::Bound::Excluded(b"a".to_vec()),
+        end: std::ops::Bound::Included(b"c".to_vec()),
+    };
+    assert_eq!(strings(s2.scan(&inclusive).unwrap()), at2[1..2].to_vec());
+    drop(s2);
 
-    // Older versions stay readable until purged; stores do not see each other.
+    // Older versions stay readable until purged; stores do not see each other. (A store has
+    // one live instance at a time: each check opens afresh.)
     let s1 = provider.open(&id, 1).unwrap();
     assert_eq!(s1.multi_get(&[b"b"]).unwrap(), vec![Some(b"2".to_vec())]);
+    drop(s1);
     let o = provider.open(&other, 0).unwrap();
     assert!(o.scan(&KeyRange::all()).unwrap().is_empty());
+    drop(o);
 
     // A replay of version 2 from version 1 (a batch re-run after a crash) gives the same state.
     let mut again = provider.open(&id, 1).unwrap();
@@ -79,6 +86,7 @@ pub(crate) fn check(provider: &dyn StateStoreProvider) {
         .apply(batch(&[("a", Some("10")), ("b", None), ("d", Some("4"))]))
         .unwrap();
     assert_eq!(again.commit().unwrap(), 2);
+    drop(again);
     assert_eq!(
         strings(
             provider
@@ -87,7 +95,7 @@ pub(crate) fn check(provider: &dyn StateStoreProvider) {
                 .scan(&KeyRange::all())
                 .unwrap()
         ),
-        strings(s2.scan(&KeyRange::all()).unwrap())
+        at2
     );
 
     // Uncommitted writes are lost with the store instance.

@@ -17,6 +17,16 @@ pub enum Error {
         /// What the store has, for the message.
         available: String,
     },
+    /// A state file in the checkpoint fails its checksum or cannot be read.
+    #[error(
+        "[STATE_STORE_FILE_CORRUPT] The state file '{file}' is damaged (its checksum does not \
+         match). Restore it from a backup, or start the query with a new checkpoint location. \
+         SQLSTATE: XX001"
+    )]
+    Corrupt {
+        /// The file.
+        file: String,
+    },
     /// The backend failed.
     #[error("[STATE_STORE_IO_ERROR] State store {store}: {message} SQLSTATE: 58030")]
     Backend {
@@ -32,6 +42,7 @@ impl Error {
     pub fn error_class(&self) -> &'static str {
         match self {
             Error::VersionNotFound { .. } => "STATE_STORE_VERSION_NOT_FOUND",
+            Error::Corrupt { .. } => "STATE_STORE_FILE_CORRUPT",
             Error::Backend { .. } => "STATE_STORE_IO_ERROR",
         }
     }

@@ -13,10 +13,12 @@
 
 mod error;
 mod memory;
+mod rocksdb;
 mod store;
 
 pub use error::{Error, Result};
 pub use memory::MemoryStateStoreProvider;
+pub use rocksdb::RocksDbStateStoreProvider;
 pub use store::{KeyRange, StateStore, StateStoreProvider, StoreId, StoreMetrics, WriteBatch};
 
 #[cfg(test)]
