@@ -18,7 +18,7 @@ mod store;
 
 pub use error::{Error, Result};
 pub use memory::MemoryStateStoreProvider;
-pub use rocksdb::RocksDbStateStoreProvider;
+pub use rocksdb::{RocksDbConfig, RocksDbStateStoreProvider};
 pub use store::{KeyRange, StateStore, StateStoreProvider, StoreId, StoreMetrics, WriteBatch};
 
 #[cfg(test)]

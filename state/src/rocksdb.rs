@@ -19,7 +19,9 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
-use rocksdb::{DB, IteratorMode, Options, ReadOptions};
+use rocksdb::{
+    BlockBasedOptions, Cache, DB, IteratorMode, Options, ReadOptions, WriteBufferManager,
+};
 
 use crate::store::{KeyRange, StateStore, StateStoreProvider, StoreId, StoreMetrics, WriteBatch};
 use crate::{Error, Result};
@@ -28,11 +30,48 @@ const META_CF: &str = "weir_meta";
 const VERSION_KEY: &[u8] = b"version";
 const CHANGELOG_MAGIC: &[u8] = b"WEIRCL1\n";
 
+/// Memory bounds shared by every RocksDB instance of a provider, so state larger than memory
+/// spills to disk instead of growing the process.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RocksDbConfig {
+    /// Block cache for all instances, bytes (default 64 MiB).
+    pub block_cache_bytes: usize,
+    /// Memtables of all instances together, bytes, charged to the block cache (default 64 MiB).
+    pub memtable_bytes: usize,
+    /// One memtable's size before it is flushed, bytes (default 16 MiB).
+    pub write_buffer_bytes: usize,
+}
+
+impl Default for RocksDbConfig {
+    fn default() -> Self {
+        Self {
+            block_cache_bytes: 64 << 20,
+            memtable_bytes: 64 << 20,
+            write_buffer_bytes: 16 << 20,
+        }
+    }
+}
+
+struct Shared {
+    cache: Cache,
+    memtables: WriteBufferManager,
+    config: RocksDbConfig,
+}
+
+impl std::fmt::Debug for Shared {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Shared")
+            .field("config", &self.config)
+            .finish()
+    }
+}
+
 /// State in RocksDB, made durable through changelog files in the checkpoint.
 #[derive(Debug)]
 pub struct RocksDbStateStoreProvider {
     checkpoint_dir: PathBuf,
     local_dir: PathBuf,
+    shared: Shared,
     open: Mutex<HashMap<StoreId, Arc<DB>>>,
 }
 
@@ -40,11 +79,37 @@ impl RocksDbStateStoreProvider {
     /// A provider keeping changelogs under `checkpoint_dir` and RocksDB instances under
     /// `local_dir`.
     pub fn new(checkpoint_dir: impl Into<PathBuf>, local_dir: impl Into<PathBuf>) -> Self {
+        Self::with_config(checkpoint_dir, local_dir, RocksDbConfig::default())
+    }
+
+    /// Like [`RocksDbStateStoreProvider::new`], with memory bounds.
+    pub fn with_config(
+        checkpoint_dir: impl Into<PathBuf>,
+        local_dir: impl Into<PathBuf>,
+        config: RocksDbConfig,
+    ) -> Self {
+        let cache = Cache::new_lru_cache(config.block_cache_bytes);
+        let memtables = WriteBufferManager::new_write_buffer_manager_with_cache(
+            config.memtable_bytes,
+            false,
+            cache.clone(),
+        );
         Self {
             checkpoint_dir: checkpoint_dir.into(),
             local_dir: local_dir.into(),
+            shared: Shared {
+                cache,
+                memtables,
+                config,
+            },
             open: Mutex::new(HashMap::new()),
         }
+    }
+
+    /// Bytes the provider's RocksDB instances hold in memory now: block cache (which the
+    /// memtables are charged to).
+    pub fn memory_used_bytes(&self) -> usize {
+        self.shared.cache.get_usage()
     }
 
     fn rel(id: &StoreId) -> PathBuf {
@@ -65,7 +130,7 @@ impl RocksDbStateStoreProvider {
             return Ok(Arc::clone(db));
         }
         let path = self.local_dir.join(Self::rel(id));
-        let db = Arc::new(open_db(&path).map_err(|e| backend(id, e))?);
+        let db = Arc::new(open_db(&path, &self.shared).map_err(|e| backend(id, e))?);
         open.insert(id.clone(), Arc::clone(&db));
         Ok(db)
     }
@@ -128,10 +193,17 @@ impl RocksDbStateStoreProvider {
     }
 }
 
-fn open_db(path: &Path) -> std::result::Result<DB, rocksdb::Error> {
+fn open_db(path: &Path, shared: &Shared) -> std::result::Result<DB, rocksdb::Error> {
+    let mut table = BlockBasedOptions::default();
+    table.set_block_cache(&shared.cache);
+    table.set_cache_index_and_filter_blocks(true);
     let mut opts = Options::default();
     opts.create_if_missing(true);
     opts.create_missing_column_families(true);
+    opts.set_block_based_table_factory(&table);
+    opts.set_write_buffer_manager(&shared.memtables);
+    opts.set_write_buffer_size(shared.config.write_buffer_bytes);
+    opts.set_max_write_buffer_number(2);
     DB::open_cf(&opts, path, ["default", META_CF])
 }
 
@@ -437,6 +509,55 @@ mod tests {
         let err = provider(&dir, "local-b").open(&id, 1).err().unwrap();
         assert_eq!(err.error_class(), "STATE_STORE_FILE_CORRUPT", "{err}");
         assert!(err.to_string().contains("1.changelog"), "{err}");
+    }
+
+    #[test]
+    fn state_ten_times_the_memory_bound_stays_within_it_and_reads_back() {
+        let dir = tempfile::tempdir().unwrap();
+        let budget = 4 << 20;
+        let p = RocksDbStateStoreProvider::with_config(
+            dir.path().join("checkpoint"),
+            dir.path().join("local"),
+            RocksDbConfig {
+                block_cache_bytes: budget,
+                memtable_bytes: budget / 2,
+                write_buffer_bytes: 1 << 20,
+            },
+        );
+        let id = StoreId::new(0, 0, "default");
+        let value = vec![7u8; 1000];
+        let (batches, per_batch) = (40u64, 1000u64); // 40 MB of values
+        let mut peak = 0;
+        for v in 0..batches {
+            let mut s = p.open(&id, v).unwrap();
+            let mut b = WriteBatch::new();
+            for i in 0..per_batch {
+                b.put((v * per_batch + i).to_be_bytes().to_vec(), value.clone());
+            }
+            s.apply(b).unwrap();
+            s.commit().unwrap();
+            peak = peak.max(p.memory_used_bytes());
+        }
+        assert!(
+            peak <= budget + (1 << 20),
+            "memory used {peak} over the budget {budget}"
+        );
+        let s = p.open(&id, batches).unwrap();
+        let keys: Vec<Vec<u8>> = (0..batches * per_batch)
+            .step_by(997)
+            .map(|k| k.to_be_bytes().to_vec())
+            .collect();
+        let refs: Vec<&[u8]> = keys.iter().map(|k| k.as_slice()).collect();
+        assert!(
+            s.multi_get(&refs)
+                .unwrap()
+                .iter()
+                .all(|v| v.as_deref() == Some(&value[..]))
+        );
+        assert_eq!(
+            s.scan(&KeyRange::all()).unwrap().len() as u64,
+            batches * per_batch
+        );
     }
 
     #[test]
