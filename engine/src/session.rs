@@ -90,6 +90,7 @@ impl WeirSession {
                 }
             }
             let ctx = SessionContext::new_with_state(state);
+            ctx.register_udf(weir_planner::window::window_udf());
             let _ = ctx.register_relation_planner(Arc::new(StreamRelationPlanner::new(
                 Arc::clone(&catalog),
             )));

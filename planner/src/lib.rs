@@ -16,6 +16,7 @@ pub mod relation;
 pub mod sink_table;
 pub mod statement;
 mod table;
+pub mod window;
 
 pub use analysis::{
     check_streaming_plan, is_streaming, streaming_tables, with_fresh_streaming_tables,
