@@ -525,3 +525,38 @@ async fn old_log_entries_are_purged_past_min_batches_to_retain_and_a_restart_sti
     q.await_termination().await.unwrap();
     assert_eq!(q.last_progress().unwrap().batch_id, 10);
 }
+
+#[tokio::test]
+async fn a_restart_keeps_the_partition_count_the_checkpoint_was_created_with() {
+    let ck = tempfile::tempdir().unwrap();
+    let run = |partitions: usize, batches: u64| {
+        let session = WeirSession::with_config(
+            weir::datafusion::prelude::SessionConfig::new().with_target_partitions(partitions),
+        );
+        let ck = ck.path().to_str().unwrap().to_string();
+        async move {
+            let q = session
+                .read_stream()
+                .format("rate-micro-batch")
+                .option("rowsPerBatch", 2)
+                .load()
+                .unwrap()
+                .write_stream()
+                .unwrap()
+                .format("noop")
+                .checkpoint_location(ck)
+                .max_batches(batches)
+                .start()
+                .await
+                .unwrap();
+            q.await_termination().await.unwrap();
+        }
+    };
+    run(2, 2).await;
+    run(3, 1).await;
+    let logged = std::fs::read_to_string(ck.path().join("offsets/2")).unwrap();
+    assert!(
+        logged.contains(r#""weir.sql.shuffle.partitions":"2""#),
+        "{logged}"
+    );
+}

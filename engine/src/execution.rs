@@ -66,6 +66,19 @@ pub(crate) enum RestartPoint {
 }
 
 impl RestartPoint {
+    /// The partition count the checkpoint was created with, as logged.
+    pub(crate) fn logged_partitions(&self) -> Option<usize> {
+        let entry = match self {
+            Self::After { entry, .. } | Self::Replay { entry, .. } => entry,
+        };
+        entry
+            .metadata
+            .conf
+            .get(crate::session::SHUFFLE_PARTITIONS)?
+            .parse()
+            .ok()
+    }
+
     /// Reads where `checkpoint` left off and checks that the logged batch read as many sources
     /// as the query has now.
     pub(crate) async fn read(checkpoint: &Checkpoint, sources: &[String]) -> Result<Option<Self>> {

@@ -26,6 +26,9 @@ use weir_sinks::{
 use weir_sources::{MemoryStream, MemoryStreamProvider, SourceRegistry};
 
 use crate::execution::{Execution, NO_DATA_PROGRESS_INTERVAL, RestartPoint};
+
+/// The offsets log's conf key for the partition count a checkpoint was created with.
+pub(crate) const SHUFFLE_PARTITIONS: &str = "weir.sql.shuffle.partitions";
 use crate::memory_table::MemorySinkTable;
 use crate::query::{Shared, StreamingQuery, StreamingQueryManager};
 use crate::{Checkpoint, Error, Result, Trigger};
@@ -472,11 +475,24 @@ impl DataStreamWriter {
             return Err(e);
         }
 
+        // The partition count is fixed when the checkpoint is created (state is partitioned by
+        // it): a restart reuses the logged value, and a different session value is reported,
+        // not applied, as Spark does with spark.sql.shuffle.partitions.
+        let mut state = state;
+        let session_partitions = state.config().target_partitions();
+        let partitions = match restart.as_ref().and_then(|r| r.logged_partitions()) {
+            Some(logged) if logged != session_partitions => {
+                tracing::warn!(
+                    "the checkpoint was created with {SHUFFLE_PARTITIONS}={logged}; using it \
+                     instead of this session's {session_partitions}"
+                );
+                state.config_mut().options_mut().execution.target_partitions = logged;
+                logged
+            }
+            _ => session_partitions,
+        };
         let mut conf = BTreeMap::new();
-        conf.insert(
-            "weir.sql.shuffle.partitions".to_string(),
-            state.config().target_partitions().to_string(),
-        );
+        conf.insert(SHUFFLE_PARTITIONS.to_string(), partitions.to_string());
         let exec = Execution {
             shared,
             manager: inner.manager.clone(),
