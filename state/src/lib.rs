@@ -11,11 +11,13 @@
 //! tests; the RocksDB provider is the default for queries (no `rocksdb` type appears in this
 //! crate's public API).
 
+mod codec;
 mod error;
 mod memory;
 mod rocksdb;
 mod store;
 
+pub use codec::RowCodec;
 pub use error::{Error, Result};
 pub use memory::MemoryStateStoreProvider;
 pub use rocksdb::{RocksDbConfig, RocksDbStateStoreProvider};
