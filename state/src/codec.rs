@@ -3,10 +3,8 @@
 //! scan in key order (event time first where an operator puts it first, so watermark eviction
 //! is a range scan); values with the same row format.
 
-use std::sync::Arc;
-
 use arrow::array::ArrayRef;
-use arrow::datatypes::{DataType, SchemaRef};
+use arrow::datatypes::SchemaRef;
 use arrow::row::{RowConverter, SortField};
 
 use crate::{Error, Result};
@@ -64,8 +62,10 @@ impl RowCodec {
 
 #[cfg(test)]
 mod tests {
+    use std::sync::Arc;
+
     use arrow::array::{Int64Array, StringArray, TimestampMicrosecondArray};
-    use arrow::datatypes::{Field, Schema, TimeUnit};
+    use arrow::datatypes::{DataType, Field, Schema, TimeUnit};
 
     use super::*;
 
