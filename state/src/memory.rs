@@ -24,10 +24,7 @@ impl MemoryStateStoreProvider {
     }
 
     fn lock(&self, id: &StoreId) -> Result<std::sync::MutexGuard<'_, Versions>> {
-        self.versions.lock().map_err(|_| Error::Backend {
-            store: id.to_string(),
-            message: "the in-memory store's lock was poisoned by a panic".into(),
-        })
+        lock(&self.versions, id)
     }
 }
 
@@ -72,6 +69,16 @@ impl StateStoreProvider for MemoryStateStoreProvider {
         }
         Ok(())
     }
+}
+
+fn lock<'a>(
+    versions: &'a Mutex<Versions>,
+    id: &StoreId,
+) -> Result<std::sync::MutexGuard<'a, Versions>> {
+    versions.lock().map_err(|_| Error::Backend {
+        store: id.to_string(),
+        message: "the in-memory store's lock was poisoned by a panic".into(),
+    })
 }
 
 struct MemoryStateStore {
@@ -119,10 +126,7 @@ impl StateStore for MemoryStateStore {
 
     fn commit(&mut self) -> Result<u64> {
         let next = self.version + 1;
-        let mut versions = self.versions.lock().map_err(|_| Error::Backend {
-            store: self.id.to_string(),
-            message: "the in-memory store's lock was poisoned by a panic".into(),
-        })?;
+        let mut versions = lock(&self.versions, &self.id)?;
         versions
             .entry(self.id.clone())
             .or_default()

@@ -172,17 +172,21 @@ impl RocksDbStateStoreProvider {
         }
     }
 
+    fn not_found(&self, id: &StoreId, version: u64) -> Error {
+        Error::VersionNotFound {
+            store: id.to_string(),
+            version,
+            available: self.available(id),
+        }
+    }
+
     fn replay(&self, id: &StoreId, db: &DB, from: u64, to: u64) -> Result<()> {
         for version in from..=to {
             let path = self.changelog(id, version);
             let bytes = match std::fs::read(&path) {
                 Ok(b) => b,
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                    return Err(Error::VersionNotFound {
-                        store: id.to_string(),
-                        version: to,
-                        available: self.available(id),
-                    });
+                    return Err(self.not_found(id, to));
                 }
                 Err(e) => return Err(backend(id, format!("{}: {e}", path.display()))),
             };
@@ -309,11 +313,7 @@ impl StateStoreProvider for RocksDbStateStoreProvider {
         if local > version {
             // Only clear what can be rebuilt.
             if (1..=version).any(|v| !self.changelog(id, v).exists()) {
-                return Err(Error::VersionNotFound {
-                    store: id.to_string(),
-                    version,
-                    available: self.available(id),
-                });
+                return Err(self.not_found(id, version));
             }
             self.clear_local(id, &db)?;
             self.replay(id, &db, 1, version)?;
