@@ -407,7 +407,7 @@ async fn unsupported_operations_and_options_are_refused_at_start() {
         ),
         (
             "SELECT count(*) FROM STREAM rate()",
-            "UNSUPPORTED_STREAMING_OPERATION.AGGREGATION",
+            "STREAMING_OUTPUT_MODE.UNSUPPORTED_OPERATION",
         ),
         (
             "SELECT * FROM STREAM rate(rowsPerSecond => 'fast')",

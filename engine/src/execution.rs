@@ -22,8 +22,11 @@ use crate::checkpoint::{
 use crate::listener::{
     Event, QueryIdleEvent, QueryProgressEvent, QueryStartedEvent, QueryTerminatedEvent,
 };
-use crate::progress::{SinkProgress, SourceProgress, StreamingQueryProgress, format_timestamp};
+use crate::progress::{
+    SinkProgress, SourceProgress, StateOperatorProgress, StreamingQueryProgress, format_timestamp,
+};
 use crate::query::{RECENT_PROGRESS, Shared, StreamingQueryManager};
+use crate::stateful::{BatchState, StateRun, plan_stateful};
 use crate::{Error, Result, Trigger};
 
 /// How long an idle query waits before asking its sources again (`spark.sql.streaming.pollingDelay`).
@@ -50,6 +53,8 @@ pub(crate) struct Execution {
     pub(crate) no_data_progress_interval: Duration,
     /// Where a restarted run continues; `None` for a fresh checkpoint.
     pub(crate) restart: Option<RestartPoint>,
+    /// The state backend of a query with stateful operators.
+    pub(crate) state_run: Option<Arc<StateRun>>,
 }
 
 /// Where a run on an existing checkpoint continues, read and checked before the query starts.
@@ -68,15 +73,25 @@ pub(crate) enum RestartPoint {
 impl RestartPoint {
     /// The partition count the checkpoint was created with, as logged.
     pub(crate) fn logged_partitions(&self) -> Option<usize> {
+        self.logged_conf(crate::session::SHUFFLE_PARTITIONS)?
+            .parse()
+            .ok()
+    }
+
+    /// A conf value the checkpoint's last logged batch ran with.
+    pub(crate) fn logged_conf(&self, key: &str) -> Option<&str> {
         let entry = match self {
             Self::After { entry, .. } | Self::Replay { entry, .. } => entry,
         };
-        entry
-            .metadata
-            .conf
-            .get(crate::session::SHUFFLE_PARTITIONS)?
-            .parse()
-            .ok()
+        entry.metadata.conf.get(key).map(String::as_str)
+    }
+
+    /// Whether some batch of the checkpoint committed.
+    pub(crate) fn has_committed_batches(&self) -> bool {
+        match self {
+            Self::After { .. } => true,
+            Self::Replay { batch, .. } => *batch > 0,
+        }
     }
 
     /// Reads where `checkpoint` left off and checks that the logged batch read as many sources
@@ -468,7 +483,7 @@ impl Execution {
         };
         lp.first_batch_ever = false;
         let span = info_span!("batch", batch_id = batch);
-        let (rows_per_source, output_rows) = self
+        let (rows_per_source, output_rows, state_operators) = self
             .execute_batch(lp, batch, &entry, &mut durations)
             .instrument(span)
             .await?;
@@ -513,7 +528,7 @@ impl Execution {
             input_rows_per_second: rate(total, since_last),
             processed_rows_per_second: rate(total, Some(processing)),
             duration_ms: durations,
-            state_operators: vec![],
+            state_operators,
             sources: lp
                 .streams
                 .iter()
@@ -588,15 +603,15 @@ impl Execution {
         }
     }
 
-    /// getBatch, queryPlanning and addBatch of one batch. Returns rows read per source and rows
-    /// written.
+    /// getBatch, queryPlanning and addBatch of one batch. Returns rows read per source, rows
+    /// written and the stateful operators' figures.
     async fn execute_batch(
         &mut self,
         lp: &mut Loop,
         batch: u64,
         entry: &OffsetEntry,
         durations: &mut BTreeMap<String, u64>,
-    ) -> Result<(Vec<u64>, usize)> {
+    ) -> Result<(Vec<u64>, usize, Vec<StateOperatorProgress>)> {
         let t = Instant::now();
         let mut rows = Vec::with_capacity(entry.sources.len());
         for ((s, r), table) in lp.streams.iter_mut().zip(&entry.sources).zip(&self.tables) {
@@ -613,6 +628,14 @@ impl Execution {
         state.execution_props_mut().query_execution_start_time =
             chrono::DateTime::from_timestamp_millis(entry.metadata.batch_timestamp_ms);
         let physical = state.create_physical_plan(&self.plan).await?;
+        // Stateful operators read state version `batch` and commit `batch + 1`.
+        let (physical, batch_state) = match &self.state_run {
+            Some(run) => {
+                let b = Arc::new(BatchState::new(Arc::clone(run), batch));
+                (plan_stateful(physical, &b)?.0, Some(b))
+            }
+            None => (physical, None),
+        };
         durations.insert("queryPlanning".into(), ms(t.elapsed()));
 
         let t = Instant::now();
@@ -626,7 +649,8 @@ impl Execution {
         self.sink.add_batch(batch, schema, output).await?;
         pause_point("after_sink", batch);
         durations.insert("addBatch".into(), ms(t.elapsed()));
-        Ok((rows, out_rows))
+        let state_operators = batch_state.map(|b| b.progress()).unwrap_or_default();
+        Ok((rows, out_rows, state_operators))
     }
 }
 

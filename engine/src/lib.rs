@@ -16,6 +16,7 @@ mod progress;
 mod query;
 mod script;
 mod session;
+mod stateful;
 mod trigger;
 
 pub use checkpoint::Checkpoint;
@@ -25,9 +26,13 @@ pub use listener::{
     StreamingQueryListener,
 };
 pub use memory_table::MemorySinkTable;
-pub use progress::{SinkProgress, SourceProgress, StreamingQueryProgress, format_timestamp};
+pub use progress::{
+    SinkProgress, SourceProgress, StateOperatorProgress, StreamingQueryProgress, format_timestamp,
+};
 pub use query::{QueryStatus, StreamingQuery, StreamingQueryException, StreamingQueryManager};
 pub use script::{ScriptOptions, StatementResult};
 pub use session::{DataFrameStreamExt, DataStreamReader, DataStreamWriter, WeirSession};
+pub use stateful::StateBackend;
 pub use trigger::Trigger;
 pub use weir_sinks::OutputMode;
+pub use weir_state::RocksDbConfig;

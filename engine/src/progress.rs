@@ -30,12 +30,62 @@ pub struct StreamingQueryProgress {
     /// Time spent per phase: `latestOffset`, `walCommit`, `getBatch`, `queryPlanning`,
     /// `addBatch`, `commitOffsets`, `triggerExecution`.
     pub duration_ms: BTreeMap<String, u64>,
-    /// Stateful operators (none in stateless queries).
-    pub state_operators: Vec<serde_json::Value>,
+    /// Stateful operators, by operator ID (none in stateless queries).
+    pub state_operators: Vec<StateOperatorProgress>,
     /// Each source's progress.
     pub sources: Vec<SourceProgress>,
     /// The sink's progress.
     pub sink: SinkProgress,
+}
+
+/// One stateful operator's part of a progress record (Spark's `StateOperatorProgress`): its
+/// figures summed over its state store instances (one per shuffle partition and store name).
+#[derive(Debug, Clone, Default, Serialize, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct StateOperatorProgress {
+    /// `aggregate`, `dedupe`, `dedupeWithinWatermark`, `sessionWindowAggregate` or
+    /// `streamStreamJoin`.
+    pub operator_name: String,
+    /// Keys in state after the batch.
+    pub num_rows_total: u64,
+    /// Keys written by the batch.
+    pub num_rows_updated: u64,
+    /// Time spent reading, merging and writing state, summed over partitions.
+    pub all_updates_time_ms: u64,
+    /// Keys removed by the batch (evicted by the watermark).
+    pub num_rows_removed: u64,
+    /// Time spent evicting, summed over partitions.
+    pub all_removals_time_ms: u64,
+    /// Time spent making the new state version durable, summed over partitions.
+    pub commit_time_ms: u64,
+    /// Memory the state stores report using.
+    pub memory_used_bytes: u64,
+    /// Input rows behind the watermark, dropped before they reached state.
+    pub num_rows_dropped_by_watermark: u64,
+    /// The shuffle partition count the checkpoint fixed.
+    pub num_shuffle_partitions: u64,
+    /// State store instances the operator used.
+    pub num_state_store_instances: u64,
+    /// Backend figures.
+    pub custom_metrics: BTreeMap<String, i64>,
+}
+
+impl StateOperatorProgress {
+    /// Adds another partition's figures (the name and partition count are the operator's).
+    pub(crate) fn add(&mut self, other: &Self) {
+        self.num_rows_total += other.num_rows_total;
+        self.num_rows_updated += other.num_rows_updated;
+        self.all_updates_time_ms += other.all_updates_time_ms;
+        self.num_rows_removed += other.num_rows_removed;
+        self.all_removals_time_ms += other.all_removals_time_ms;
+        self.commit_time_ms += other.commit_time_ms;
+        self.memory_used_bytes += other.memory_used_bytes;
+        self.num_rows_dropped_by_watermark += other.num_rows_dropped_by_watermark;
+        self.num_state_store_instances += other.num_state_store_instances;
+        for (k, v) in &other.custom_metrics {
+            *self.custom_metrics.entry(k.clone()).or_default() += v;
+        }
+    }
 }
 
 /// One source's part of a progress record.

@@ -16,8 +16,8 @@ use datafusion::prelude::SessionConfig;
 use weir_common::{Location, Options};
 use weir_planner::sink_table::{FileSinkTable, ManifestAwareTableFactory};
 use weir_planner::{
-    StreamCatalog, StreamRelationPlanner, StreamingTable, check_streaming_plan, is_streaming,
-    streaming_tables, with_fresh_streaming_tables,
+    StreamCatalog, StreamRelationPlanner, StreamingTable, check_streaming_plan,
+    has_streaming_aggregation, is_streaming, streaming_tables, with_fresh_streaming_tables,
 };
 use weir_sinks::{
     FileSink, ForeachBatchFn, ForeachBatchSink, MemorySink, OutputMode, Sink, SinkRegistry,
@@ -26,9 +26,15 @@ use weir_sinks::{
 use weir_sources::{MemoryStream, MemoryStreamProvider, SourceRegistry};
 
 use crate::execution::{Execution, NO_DATA_PROGRESS_INTERVAL, RestartPoint};
+use crate::stateful::{
+    BatchState, OperatorInfo, StateBackend, StateMetadata, StateRun, plan_stateful,
+};
 
 /// The offsets log's conf key for the partition count a checkpoint was created with.
 pub(crate) const SHUFFLE_PARTITIONS: &str = "weir.sql.shuffle.partitions";
+/// The offsets log's conf key for the state store a checkpoint was created with.
+pub(crate) const STATE_STORE: &str = "weir.sql.streaming.stateStore.provider";
+
 use crate::memory_table::MemorySinkTable;
 use crate::query::{Shared, StreamingQuery, StreamingQueryManager};
 use crate::{Checkpoint, Error, Result, Trigger};
@@ -282,6 +288,10 @@ pub struct DataStreamWriter {
     max_batches: Option<u64>,
     min_batches_to_retain: u64,
     no_data_progress_interval: Duration,
+    state_backend: StateBackend,
+    allow_state_definition_change: bool,
+    /// A malformed writer-level option, reported by `start`.
+    invalid: Option<Error>,
 }
 
 impl std::fmt::Debug for DataStreamWriter {
@@ -311,6 +321,9 @@ impl DataStreamWriter {
             max_batches: None,
             min_batches_to_retain: 100,
             no_data_progress_interval: NO_DATA_PROGRESS_INTERVAL,
+            state_backend: StateBackend::default(),
+            allow_state_definition_change: false,
+            invalid: None,
         }
     }
 
@@ -320,13 +333,50 @@ impl DataStreamWriter {
         self
     }
 
-    /// Sets a sink option; `checkpointLocation` sets the checkpoint location.
+    /// Sets a sink option. Three keys configure the query instead: `checkpointLocation`,
+    /// `stateStore` (`rocksdb` or `memory`) and `allowStateDefinitionChange` (`true`/`false`).
     pub fn option(mut self, key: &str, value: impl ToString) -> Self {
+        let value = value.to_string();
         if key.eq_ignore_ascii_case("checkpointLocation") {
-            self.checkpoint = Some(value.to_string());
+            self.checkpoint = Some(value);
+        } else if key.eq_ignore_ascii_case("stateStore") {
+            match StateBackend::parse(&value) {
+                Ok(b) => self.state_backend = b,
+                Err(e) => self.invalid = Some(e),
+            }
+        } else if key.eq_ignore_ascii_case("allowStateDefinitionChange") {
+            match value.to_ascii_lowercase().as_str() {
+                "true" => self.allow_state_definition_change = true,
+                "false" => self.allow_state_definition_change = false,
+                _ => {
+                    self.invalid = Some(Error::user(
+                        "STREAMING_INVALID_OPTION",
+                        "42616",
+                        format!(
+                            "Option 'allowStateDefinitionChange' must be true or false, not \
+                             '{value}'."
+                        ),
+                    ))
+                }
+            }
         } else {
-            self.options.set(key, value.to_string());
+            self.options.set(key, value);
         }
+        self
+    }
+
+    /// Where stateful operators keep their state (default: RocksDB). A checkpoint keeps the
+    /// backend it was created with.
+    pub fn state_store(mut self, backend: StateBackend) -> Self {
+        self.state_backend = backend;
+        self
+    }
+
+    /// Accepts, for this start, stateful operators whose definition changed while their state
+    /// kept its shape (a grouping expression or aggregate function replaced by one of the same
+    /// types). Off by default: such state was computed for the old definition.
+    pub fn allow_state_definition_change(mut self, allow: bool) -> Self {
+        self.allow_state_definition_change = allow;
         self
     }
 
@@ -391,6 +441,9 @@ impl DataStreamWriter {
 
     /// Checks the query, opens the checkpoint and starts the query.
     pub async fn start(self) -> Result<StreamingQuery> {
+        if let Some(e) = self.invalid {
+            return Err(e);
+        }
         let inner = self.session;
         if !is_streaming(&self.plan) {
             return Err(Error::user(
@@ -400,15 +453,8 @@ impl DataStreamWriter {
                  source with read_stream() or FROM STREAM ..., or run it as a batch query.",
             ));
         }
-        check_streaming_plan(&self.plan)?;
-        if self.output_mode == OutputMode::Complete {
-            return Err(Error::user(
-                "STREAMING_OUTPUT_MODE.UNSUPPORTED_OPERATION",
-                "42KDE",
-                "Complete output mode needs a streaming aggregation; this query has none. Use \
-                 append mode.",
-            ));
-        }
+        check_streaming_plan(&self.plan, self.output_mode)?;
+        let stateful = has_streaming_aggregation(&self.plan);
         let plan = with_fresh_streaming_tables(self.plan)?;
         let state = inner.ctx.state();
         // Optimized here only to find errors before anything starts; each batch optimizes the
@@ -462,18 +508,6 @@ impl DataStreamWriter {
         let checkpoint = Checkpoint::open(location, temporary).await?;
         let identities: Vec<String> = tables.iter().map(|t| t.source().identity()).collect();
         let restart = RestartPoint::read(&checkpoint, &identities).await?;
-        let shared = Shared::new(checkpoint.id(), self.query_name.clone());
-        let query = StreamingQuery {
-            shared: Arc::clone(&shared),
-            task: Arc::new(Mutex::new(None)),
-        };
-        let registered =
-            register_sink_table(&inner.ctx, &sink, self.query_name.as_deref(), &schema)
-                .and_then(|()| inner.manager.register(&query));
-        if let Err(e) = registered {
-            checkpoint.delete_if_temporary();
-            return Err(e);
-        }
 
         // The partition count is fixed when the checkpoint is created (state is partitioned by
         // it): a restart reuses the logged value, and a different session value is reported,
@@ -493,6 +527,66 @@ impl DataStreamWriter {
         };
         let mut conf = BTreeMap::new();
         conf.insert(SHUFFLE_PARTITIONS.to_string(), partitions.to_string());
+
+        let shared = Shared::new(checkpoint.id(), self.query_name.clone());
+        let state_run = if stateful || checkpoint.read_state_metadata().await?.is_some() {
+            let backend = match restart.as_ref().and_then(|r| r.logged_conf(STATE_STORE)) {
+                Some(logged) if logged != self.state_backend.name() => {
+                    tracing::warn!(
+                        "the checkpoint was created with the {logged} state store; using it \
+                         instead of {}",
+                        self.state_backend.name()
+                    );
+                    StateBackend::parse(logged)?
+                }
+                _ => self.state_backend,
+            };
+            let run = Arc::new(StateRun::open(
+                backend,
+                checkpoint.state_dir(),
+                shared.run_id,
+                partitions,
+                self.output_mode,
+            )?);
+            let committed = restart.as_ref().is_some_and(|r| r.has_committed_batches());
+            check_state(
+                &checkpoint,
+                &state,
+                &plan,
+                &tables,
+                &run,
+                committed,
+                self.allow_state_definition_change,
+            )
+            .await?;
+            if committed && backend == StateBackend::Memory {
+                return Err(Error::user(
+                    "STATE_STORE_NOT_DURABLE",
+                    "0A000",
+                    "This checkpoint's state was kept in memory (stateStore 'memory'), which does \
+                     not survive the run that wrote it, so the query cannot continue from it. \
+                     Start it with a new checkpoint location, and use the rocksdb state store \
+                     for queries that must survive a restart.",
+                ));
+            }
+            conf.insert(STATE_STORE.to_string(), backend.name().to_string());
+            Some(run)
+        } else {
+            None
+        };
+
+        let query = StreamingQuery {
+            shared: Arc::clone(&shared),
+            task: Arc::new(Mutex::new(None)),
+        };
+        let registered =
+            register_sink_table(&inner.ctx, &sink, self.query_name.as_deref(), &schema)
+                .and_then(|()| inner.manager.register(&query));
+        if let Err(e) = registered {
+            checkpoint.delete_if_temporary();
+            return Err(e);
+        }
+
         let exec = Execution {
             shared,
             manager: inner.manager.clone(),
@@ -507,6 +601,7 @@ impl DataStreamWriter {
             conf,
             restart,
             no_data_progress_interval: self.no_data_progress_interval,
+            state_run,
         };
         let handle = tokio::spawn(exec.run());
         if let Ok(mut t) = query.task.lock() {
@@ -514,6 +609,44 @@ impl DataStreamWriter {
         }
         Ok(query)
     }
+}
+
+/// Plans the query once without rows to learn its stateful operators, and refuses it when the
+/// checkpoint's state cannot serve them (DESIGN.md §6); records them on a checkpoint that has
+/// none. Nothing is executed.
+async fn check_state(
+    checkpoint: &Checkpoint,
+    state: &datafusion::execution::SessionState,
+    plan: &LogicalPlan,
+    tables: &[Arc<StreamingTable>],
+    run: &Arc<StateRun>,
+    committed: bool,
+    allow_definition_change: bool,
+) -> Result<()> {
+    for t in tables {
+        t.set_batch(vec![]);
+    }
+    let physical = state.create_physical_plan(plan).await;
+    for t in tables {
+        t.clear();
+    }
+    let batch = Arc::new(BatchState::new(Arc::clone(run), 0));
+    let (_, operators): (_, Vec<OperatorInfo>) = plan_stateful(physical?, &batch)?;
+    match checkpoint.read_state_metadata().await? {
+        Some(stored) => stored.check(&operators, allow_definition_change)?,
+        None if committed && !operators.is_empty() => {
+            // A checkpoint whose batches ran without state: the new operators would start
+            // empty, as if the earlier rows had never been seen.
+            StateMetadata { operators: vec![] }.check(&operators, allow_definition_change)?
+        }
+        None if !operators.is_empty() => {
+            checkpoint
+                .write_state_metadata(&StateMetadata { operators })
+                .await?
+        }
+        None => {}
+    }
+    Ok(())
 }
 
 /// Makes a memory sink's table, or a named file sink's output, queryable in the session under

@@ -8,8 +8,9 @@ use std::sync::Arc;
 use datafusion::common::tree_node::{Transformed, TreeNode, TreeNodeRecursion};
 use datafusion::datasource::{provider_as_source, source_as_provider};
 use datafusion::error::Result;
-use datafusion::logical_expr::{JoinType, LogicalPlan, TableScan};
+use datafusion::logical_expr::{Distinct, Expr, JoinType, LogicalPlan, TableScan};
 use weir_common::ClassifiedError;
+use weir_sinks::OutputMode;
 
 use crate::StreamingTable;
 
@@ -74,12 +75,95 @@ pub fn with_fresh_streaming_tables(plan: LogicalPlan) -> Result<LogicalPlan> {
     .map(|t| t.data)
 }
 
+/// The checks of one streaming aggregation.
+fn check_aggregation(node: &LogicalPlan) -> Option<ClassifiedError> {
+    let nested = node.inputs().iter().any(|i| {
+        i.exists(|n| Ok(is_aggregation(n) && is_streaming(n)))
+            .unwrap_or(false)
+    });
+    if nested {
+        return Some(refuse(
+            "UNSUPPORTED_STREAMING_OPERATION.MULTIPLE_STREAMING_AGGREGATIONS",
+            "A streaming aggregation over another streaming aggregation is not supported (as in \
+             Spark without a watermark): the outer one would see every update of the inner one \
+             as a new row. Aggregate once, or aggregate the sink's output in a batch query."
+                .into(),
+        ));
+    }
+    let LogicalPlan::Aggregate(agg) = node else {
+        return None;
+    };
+    if agg
+        .group_expr
+        .iter()
+        .any(|e| matches!(e, Expr::GroupingSet(_)))
+    {
+        return Some(refuse(
+            "UNSUPPORTED_STREAMING_OPERATION.GROUPING_SETS",
+            "GROUPING SETS, CUBE and ROLLUP are not supported in a streaming aggregation; group \
+             by plain columns or expressions."
+                .into(),
+        ));
+    }
+    let distinct = agg.aggr_expr.iter().any(|e| {
+        e.exists(|e| Ok(matches!(e, Expr::AggregateFunction(f) if f.params.distinct)))
+            .unwrap_or(false)
+    });
+    if distinct {
+        return Some(refuse(
+            "UNSUPPORTED_STREAMING_OPERATION.DISTINCT_AGGREGATION",
+            "DISTINCT inside an aggregate function (count(DISTINCT x), ...) is not supported in a \
+             streaming aggregation (as in Spark): its state would keep every value. Use \
+             approx_distinct(x) instead."
+                .into(),
+        ));
+    }
+    None
+}
+
 fn refuse(class: &'static str, message: String) -> ClassifiedError {
     ClassifiedError::new(class, "0A000", message)
 }
 
-/// Refuses what a streaming query cannot do. `plan` must read at least one stream.
-pub fn check_streaming_plan(plan: &LogicalPlan) -> Result<(), ClassifiedError> {
+fn is_aggregation(node: &LogicalPlan) -> bool {
+    matches!(
+        node,
+        LogicalPlan::Aggregate(_) | LogicalPlan::Distinct(Distinct::All(_))
+    )
+}
+
+/// Whether `plan` aggregates a stream (GROUP BY, aggregate functions or DISTINCT over it): the
+/// query then needs stateful streaming aggregation.
+pub fn has_streaming_aggregation(plan: &LogicalPlan) -> bool {
+    plan.exists(|n| Ok(is_aggregation(n) && is_streaming(n)))
+        .unwrap_or(false)
+}
+
+/// Refuses what a streaming query cannot do in output mode `mode`. `plan` must read at least
+/// one stream.
+pub fn check_streaming_plan(plan: &LogicalPlan, mode: OutputMode) -> Result<(), ClassifiedError> {
+    let aggregates = has_streaming_aggregation(plan);
+    match mode {
+        OutputMode::Complete if !aggregates => {
+            return Err(ClassifiedError::new(
+                "STREAMING_OUTPUT_MODE.UNSUPPORTED_OPERATION",
+                "42KDE",
+                "Complete output mode needs a streaming aggregation (it rewrites the whole \
+                 result each batch); this query has none. Use append mode.",
+            ));
+        }
+        OutputMode::Append if aggregates => {
+            return Err(ClassifiedError::new(
+                "STREAMING_OUTPUT_MODE.UNSUPPORTED_OPERATION",
+                "42KDE",
+                "Append output mode is not supported for a streaming aggregation without a \
+                 watermark: a group's result is final only when the watermark passes its \
+                 event-time window, and without one no group is ever final. Use update mode \
+                 (each batch emits the groups it changed) or complete mode (the whole result).",
+            ));
+        }
+        _ => {}
+    }
     let mut error = None;
     let _ = plan.apply(|node| {
         if !is_streaming(node) {
@@ -101,6 +185,13 @@ pub fn check_streaming_plan(plan: &LogicalPlan) -> Result<(), ClassifiedError> {
             return Ok(TreeNodeRecursion::Stop);
         }
         let problem = match node {
+            LogicalPlan::Limit(_) | LogicalPlan::Sort(_)
+                if mode == OutputMode::Complete && has_streaming_aggregation(node) =>
+            {
+                // As Spark: over the whole result that complete mode emits, ORDER BY and LIMIT
+                // are plain batch operations.
+                None
+            }
             LogicalPlan::Limit(_) => Some(refuse(
                 "UNSUPPORTED_STREAMING_OPERATION.LIMIT",
                 "LIMIT is not supported on a streaming query: a stream has no end to count to. \
@@ -113,13 +204,14 @@ pub fn check_streaming_plan(plan: &LogicalPlan) -> Result<(), ClassifiedError> {
                  aggregation in complete output mode). Sort when you read the sink's output."
                     .into(),
             )),
-            LogicalPlan::Aggregate(_) | LogicalPlan::Distinct(_) => Some(refuse(
-                "UNSUPPORTED_STREAMING_OPERATION.AGGREGATION",
-                "Aggregations (GROUP BY, DISTINCT, aggregate functions) over a stream need \
-                 stateful streaming operators, which this version of weir does not have yet. \
-                 Aggregate a static table, or aggregate the sink's output in a batch query."
+            LogicalPlan::Distinct(Distinct::On(_)) => Some(refuse(
+                "UNSUPPORTED_STREAMING_OPERATION.DISTINCT_ON",
+                "SELECT DISTINCT ON over a stream (deduplication) is not supported yet. Use \
+                 GROUP BY with an aggregate in update or complete mode, or deduplicate the \
+                 sink's output in a batch query."
                     .into(),
             )),
+            node if is_aggregation(node) => check_aggregation(node),
             LogicalPlan::Window(_) => Some(ClassifiedError::new(
                 "NON_TIME_WINDOW_NOT_SUPPORTED_IN_STREAMING",
                 "42KDE",

@@ -6,7 +6,8 @@
 //! - [`relation`]: a DataFusion `RelationPlanner` that turns `STREAM rate(rowsPerSecond => 10)`
 //!   or `STREAM events` into a scan of a [`StreamingTable`].
 //! - [`StreamingTable`]: the table behind every streaming scan; per micro-batch the engine
-//!   puts that batch's rows into it before planning the physical plan.
+//!   puts that batch's rows into it before planning the physical plan; its physical scan is a
+//!   [`StreamScanExec`], which tells the engine which operators see the stream.
 //! - [`analysis`]: which scans are streaming, and which operations a streaming plan may not
 //!   contain (refused before anything runs).
 //! - [`sink_table`]: reading a weir file sink's output directory through its manifest.
@@ -15,11 +16,14 @@ pub mod analysis;
 pub mod relation;
 pub mod sink_table;
 pub mod statement;
+mod stream_scan;
 mod table;
 pub mod window;
 
 pub use analysis::{
-    check_streaming_plan, is_streaming, streaming_tables, with_fresh_streaming_tables,
+    check_streaming_plan, has_streaming_aggregation, is_streaming, streaming_tables,
+    with_fresh_streaming_tables,
 };
 pub use relation::{StreamCatalog, StreamRelationPlanner};
+pub use stream_scan::StreamScanExec;
 pub use table::StreamingTable;

@@ -13,6 +13,8 @@ use datafusion::physical_plan::ExecutionPlan;
 use weir_common::ClassifiedError;
 use weir_sources::{Partitions, SourceProvider};
 
+use crate::StreamScanExec;
+
 /// A streaming source as a table. Its rows exist one micro-batch at a time: the engine calls
 /// [`StreamingTable::set_batch`] before it plans the batch's physical plan, and `scan` reads
 /// them. Outside a running streaming query there are no rows, and scanning is refused.
@@ -101,6 +103,6 @@ impl TableProvider for StreamingTable {
             parts.push(vec![]);
         }
         let exec = MemorySourceConfig::try_new_exec(&parts, self.schema(), projection.cloned())?;
-        Ok(exec)
+        Ok(Arc::new(StreamScanExec::new(self.name.clone(), exec)))
     }
 }

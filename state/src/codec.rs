@@ -60,6 +60,18 @@ impl RowCodec {
     }
 }
 
+/// The shuffle partition of an encoded state key, out of `partitions`.
+///
+/// Part of the checkpoint format: a key's state lives in this partition's store, so the
+/// function must give the same answer in every build and on every machine (FNV-1a, 64 bits;
+/// not Rust's or DataFusion's seeded hashers).
+pub fn key_partition(key: &[u8], partitions: usize) -> usize {
+    let h = key.iter().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
+        (h ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3)
+    });
+    (h % partitions.max(1) as u64) as usize
+}
+
 #[cfg(test)]
 mod tests {
     use std::sync::Arc;
@@ -68,6 +80,20 @@ mod tests {
     use arrow::datatypes::{DataType, Field, Schema, TimeUnit};
 
     use super::*;
+
+    #[test]
+    fn key_partition_is_fixed() {
+        // Fixed values: changing them would move state between partitions of old checkpoints.
+        assert_eq!(
+            key_partition(b"", 7),
+            (0xcbf2_9ce4_8422_2325_u64 % 7) as usize
+        );
+        assert_eq!(key_partition(b"a", 1), 0);
+        assert_eq!(
+            key_partition(b"a", 1000),
+            (0xaf63_dc4c_8601_ec8c_u64 % 1000) as usize
+        );
+    }
 
     #[test]
     fn encoded_keys_sort_like_their_values_and_decode_back() {

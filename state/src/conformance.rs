@@ -51,6 +51,8 @@ pub(crate) fn check(provider: &dyn StateStoreProvider) {
     ]))
     .unwrap();
     assert_eq!(s.commit().unwrap(), 2);
+    // Exact: an update adds nothing, a delete removes one, a new key adds one.
+    assert_eq!(s.metrics().num_keys, 3);
 
     // Scans are in byte order and honour bounds.
     let at2 = vec![

@@ -1,13 +1,15 @@
 //! Errors of the state store.
 
-/// Errors raised by state stores.
+use weir_common::ClassifiedError;
+
+/// Errors raised by state stores. The message is displayed without its class; convert to a
+/// [`ClassifiedError`] for `[CLASS] message SQLSTATE: ...`.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     /// The version asked for does not exist (never committed, or purged).
     #[error(
-        "[STATE_STORE_VERSION_NOT_FOUND] State store {store} has no version {version} (it has \
-         {available}). The checkpoint's state was purged or lost; restore it, or start the query \
-         with a new checkpoint location. SQLSTATE: XXKST"
+        "State store {store} has no version {version} (it has {available}). The checkpoint's \
+         state was purged or lost; restore it, or start the query with a new checkpoint location."
     )]
     VersionNotFound {
         /// The store, as `operator/partition/name`.
@@ -19,16 +21,15 @@ pub enum Error {
     },
     /// A state file in the checkpoint fails its checksum or cannot be read.
     #[error(
-        "[STATE_STORE_FILE_CORRUPT] The state file '{file}' is damaged (its checksum does not \
-         match). Restore it from a backup, or start the query with a new checkpoint location. \
-         SQLSTATE: XX001"
+        "The state file '{file}' is damaged (its checksum does not match). Restore it from a \
+         backup, or start the query with a new checkpoint location."
     )]
     Corrupt {
         /// The file.
         file: String,
     },
     /// The backend failed.
-    #[error("[STATE_STORE_IO_ERROR] State store {store}: {message} SQLSTATE: 58030")]
+    #[error("State store {store}: {message}")]
     Backend {
         /// The store, as `operator/partition/name`.
         store: String,
@@ -45,6 +46,21 @@ impl Error {
             Error::Corrupt { .. } => "STATE_STORE_FILE_CORRUPT",
             Error::Backend { .. } => "STATE_STORE_IO_ERROR",
         }
+    }
+
+    /// The SQLSTATE.
+    pub fn sql_state(&self) -> &'static str {
+        match self {
+            Error::VersionNotFound { .. } => "XXKST",
+            Error::Corrupt { .. } => "XX001",
+            Error::Backend { .. } => "58030",
+        }
+    }
+}
+
+impl From<Error> for ClassifiedError {
+    fn from(e: Error) -> Self {
+        ClassifiedError::new(e.error_class(), e.sql_state(), e.to_string())
     }
 }
 

@@ -17,7 +17,7 @@ mod memory;
 mod rocksdb;
 mod store;
 
-pub use codec::RowCodec;
+pub use codec::{RowCodec, key_partition};
 pub use error::{Error, Result};
 pub use memory::MemoryStateStoreProvider;
 pub use rocksdb::{RocksDbConfig, RocksDbStateStoreProvider};

@@ -28,6 +28,8 @@ use crate::{Error, Result};
 
 const META_CF: &str = "weir_meta";
 const VERSION_KEY: &[u8] = b"version";
+/// The number of keys at the local instance's version, kept exact by [`write`].
+const NUM_KEYS_KEY: &[u8] = b"num_keys";
 const CHANGELOG_MAGIC: &[u8] = b"WEIRCL1\n";
 
 /// Memory bounds shared by every RocksDB instance of a provider, so state larger than memory
@@ -148,6 +150,7 @@ impl RocksDbStateStoreProvider {
             .cf_handle(META_CF)
             .ok_or_else(|| backend(id, "the meta column family is missing"))?;
         wb.put_cf(cf, VERSION_KEY, 0u64.to_le_bytes());
+        wb.put_cf(cf, NUM_KEYS_KEY, 0u64.to_le_bytes());
         db.write(wb).map_err(|e| backend(id, e))
     }
 
@@ -220,25 +223,41 @@ fn backend(id: &StoreId, e: impl std::fmt::Display) -> Error {
     }
 }
 
-fn local_version(db: &DB, id: &StoreId) -> Result<u64> {
+fn meta_u64(db: &DB, id: &StoreId, key: &[u8]) -> Result<u64> {
     let cf = db
         .cf_handle(META_CF)
         .ok_or_else(|| backend(id, "the meta column family is missing"))?;
-    match db.get_cf(cf, VERSION_KEY).map_err(|e| backend(id, e))? {
+    match db.get_cf(cf, key).map_err(|e| backend(id, e))? {
         None => Ok(0),
         Some(v) => v
             .as_slice()
             .try_into()
             .map(u64::from_le_bytes)
-            .map_err(|_| backend(id, "the local instance's version marker is damaged")),
+            .map_err(|_| backend(id, "the local instance's metadata is damaged")),
     }
 }
 
-/// Applies `batch` and records `version`, atomically.
+fn local_version(db: &DB, id: &StoreId) -> Result<u64> {
+    meta_u64(db, id, VERSION_KEY)
+}
+
+/// Applies `batch` and records `version` and the new key count, atomically. `batch` has at most
+/// one operation per key (as [`StateStore::commit`] builds it).
 fn write(db: &DB, id: &StoreId, batch: &WriteBatch, version: u64) -> Result<()> {
     let cf = db
         .cf_handle(META_CF)
         .ok_or_else(|| backend(id, "the meta column family is missing"))?;
+    // One batched lookup tells which keys exist, so the count stays exact.
+    let existed = db.multi_get(batch.ops().iter().map(|(k, _)| k));
+    let mut num_keys = meta_u64(db, id, NUM_KEYS_KEY)?;
+    for ((_, op), existed) in batch.ops().iter().zip(existed) {
+        let existed = existed.map_err(|e| backend(id, e))?.is_some();
+        match (op.is_some(), existed) {
+            (true, false) => num_keys += 1,
+            (false, true) => num_keys = num_keys.saturating_sub(1),
+            _ => {}
+        }
+    }
     let mut wb = rocksdb::WriteBatch::default();
     for (k, v) in batch.ops() {
         match v {
@@ -247,6 +266,7 @@ fn write(db: &DB, id: &StoreId, batch: &WriteBatch, version: u64) -> Result<()> 
         }
     }
     wb.put_cf(cf, VERSION_KEY, version.to_le_bytes());
+    wb.put_cf(cf, NUM_KEYS_KEY, num_keys.to_le_bytes());
     db.write(wb).map_err(|e| backend(id, e))
 }
 
@@ -449,7 +469,7 @@ impl StateStore for RocksDbStateStore {
     fn metrics(&self) -> StoreMetrics {
         let prop = |name: &str| self.db.property_int_value(name).ok().flatten().unwrap_or(0);
         StoreMetrics {
-            num_keys: prop("rocksdb.estimate-num-keys"),
+            num_keys: meta_u64(&self.db, &self.id, NUM_KEYS_KEY).unwrap_or(0),
             memory_used_bytes: prop("rocksdb.cur-size-all-mem-tables")
                 + prop("rocksdb.estimate-table-readers-mem"),
         }

@@ -64,7 +64,7 @@ pub struct CommitEntry {
 /// Why a log entry could not be read.
 pub type DecodeError = String;
 
-fn version_line(text: &str) -> Result<(u32, std::str::Lines<'_>), DecodeError> {
+pub(crate) fn version_line(text: &str) -> Result<(u32, std::str::Lines<'_>), DecodeError> {
     let mut lines = text.lines();
     let first = lines.next().ok_or("is empty")?;
     let v: u32 = first

@@ -5,6 +5,8 @@
 //! <checkpoint>/offsets/<N>     write-ahead log entry of batch N (see [`log`])
 //! <checkpoint>/commits/<N>     commit marker of batch N
 //! <checkpoint>/sources/<i>/    source-private files of the source at position i
+//! <checkpoint>/state/_metadata the stateful operators (IDs, names, schemas, fingerprints)
+//! <checkpoint>/state/<op>/<partition>/<store>/   each state store's files
 //! <checkpoint>/.weir-lock      held (flock) by the run that owns the checkpoint (local only)
 //! ```
 //!
@@ -23,12 +25,15 @@ use weir_common::location::Created;
 pub use log::{BatchMetadata, CommitEntry, OffsetEntry, SourceRange};
 pub use recovery::{Resume, purge_below, resume_point};
 
+use crate::stateful::StateMetadata;
 use crate::{Error, Result};
 
 const METADATA: &str = "metadata";
 const OFFSETS: &str = "offsets";
 const COMMITS: &str = "commits";
 const SOURCES: &str = "sources";
+const STATE: &str = "state";
+const STATE_METADATA: &str = "state/_metadata";
 const LOCK: &str = ".weir-lock";
 const CHECKPOINT_VERSION: u32 = 1;
 
@@ -121,6 +126,32 @@ impl Checkpoint {
     /// The private directory of the source at `position`.
     pub fn source_dir(&self, position: usize) -> Location {
         self.location.child(&format!("{SOURCES}/{position}"))
+    }
+
+    /// The directory of the operators' state stores (local checkpoints only).
+    pub(crate) fn state_dir(&self) -> Option<std::path::PathBuf> {
+        self.location.local_dir().map(|d| d.join(STATE))
+    }
+
+    /// Reads `state/_metadata`, if the query has ever had stateful operators.
+    pub(crate) async fn read_state_metadata(&self) -> Result<Option<StateMetadata>> {
+        let Some(bytes) = self.location.get(STATE_METADATA).await? else {
+            return Ok(None);
+        };
+        StateMetadata::decode(&bytes)
+            .map(Some)
+            .map_err(|problem| Error::Corrupt {
+                file: self.file(STATE_METADATA),
+                problem,
+            })
+    }
+
+    /// Writes `state/_metadata` unless it exists (then it was checked against `metadata`).
+    pub(crate) async fn write_state_metadata(&self, metadata: &StateMetadata) -> Result<()> {
+        self.location
+            .put_if_absent(STATE_METADATA, Bytes::from(metadata.encode()))
+            .await?;
+        Ok(())
     }
 
     fn file(&self, rel: &str) -> String {

@@ -1,0 +1,212 @@
+//! Stateful operators (DESIGN.md §5): how a batch's physical plan gets them, and what they
+//! share.
+//!
+//! DataFusion plans each batch as if it were a table. [`plan_stateful`] then walks the
+//! physical plan top-down and replaces each operator that needs state across batches and sees
+//! the stream (it has a `StreamScanExec` below it) with weir's stateful version, giving it the
+//! next operator ID (0, 1, ... in that order, as Spark numbers its stateful operators). Each
+//! stateful operator reads and writes one state store per shuffle partition at the batch's
+//! version, commits it when its partition finishes, and reports its figures for the batch's
+//! progress record.
+
+mod aggregate;
+mod metadata;
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+
+use datafusion::error::Result;
+use datafusion::physical_plan::ExecutionPlan;
+use datafusion::physical_plan::aggregates::{AggregateExec, AggregateMode};
+use weir_planner::StreamScanExec;
+use weir_sinks::OutputMode;
+use weir_state::{
+    MemoryStateStoreProvider, RocksDbConfig, RocksDbStateStoreProvider, StateStoreProvider,
+};
+
+use aggregate::StatefulAggregateExec;
+pub(crate) use metadata::{OperatorInfo, StateMetadata};
+
+use crate::progress::StateOperatorProgress;
+use crate::{Error, Result as EngineResult};
+
+/// Where stateful operators keep their state (Spark's
+/// `spark.sql.streaming.stateStore.providerClass`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StateBackend {
+    /// RocksDB instances on local disk, made durable as changelogs in the checkpoint (the
+    /// default): state may be larger than memory and survives restarts.
+    RocksDb(RocksDbConfig),
+    /// Process memory: fast, for tests; the state does not survive the run, so a query
+    /// with state cannot be restarted from its checkpoint.
+    Memory,
+}
+
+impl Default for StateBackend {
+    fn default() -> Self {
+        Self::RocksDb(RocksDbConfig::default())
+    }
+}
+
+impl StateBackend {
+    /// The name users configure (`rocksdb`, `memory`).
+    pub fn name(&self) -> &'static str {
+        match self {
+            Self::RocksDb(_) => "rocksdb",
+            Self::Memory => "memory",
+        }
+    }
+
+    /// Parses a configured name.
+    pub fn parse(name: &str) -> EngineResult<Self> {
+        match name.to_ascii_lowercase().as_str() {
+            "rocksdb" => Ok(Self::default()),
+            "memory" => Ok(Self::Memory),
+            other => Err(Error::user(
+                "STREAMING_INVALID_OPTION",
+                "42616",
+                format!("Unknown state store '{other}': use 'rocksdb' (default) or 'memory'."),
+            )),
+        }
+    }
+}
+
+/// A directory removed when dropped.
+#[derive(Debug)]
+struct ScratchDir(Option<PathBuf>);
+
+impl Drop for ScratchDir {
+    fn drop(&mut self) {
+        if let Some(d) = &self.0 {
+            let _ = std::fs::remove_dir_all(d);
+        }
+    }
+}
+
+/// What every batch of one query run shares: the state backend, the partition count fixed by
+/// the checkpoint, and the output mode.
+#[derive(Debug)]
+pub(crate) struct StateRun {
+    pub(crate) provider: Arc<dyn StateStoreProvider>,
+    pub(crate) partitions: usize,
+    pub(crate) output_mode: OutputMode,
+    /// The local RocksDB instances; declared after `provider` so they are closed first.
+    _local: ScratchDir,
+}
+
+impl StateRun {
+    /// Opens `backend` for one run: RocksDB keeps its changelogs in `state_dir` (the
+    /// checkpoint's `state/`) and its instances in a scratch directory of this run.
+    pub(crate) fn open(
+        backend: StateBackend,
+        state_dir: Option<PathBuf>,
+        run_id: uuid::Uuid,
+        partitions: usize,
+        output_mode: OutputMode,
+    ) -> EngineResult<Self> {
+        let (provider, local): (Arc<dyn StateStoreProvider>, _) = match backend {
+            StateBackend::Memory => (Arc::new(MemoryStateStoreProvider::new()), None),
+            StateBackend::RocksDb(config) => {
+                let dir = state_dir.ok_or_else(|| {
+                    Error::user(
+                        "STATE_STORE_UNSUPPORTED_LOCATION",
+                        "0A000",
+                        "The RocksDB state store needs a checkpoint on the local file system; \
+                         use a local checkpoint location.",
+                    )
+                })?;
+                let local = std::env::temp_dir().join(format!("weir-state-{run_id}"));
+                (
+                    Arc::new(RocksDbStateStoreProvider::with_config(
+                        dir,
+                        local.clone(),
+                        config,
+                    )),
+                    Some(local),
+                )
+            }
+        };
+        Ok(Self {
+            provider,
+            partitions,
+            output_mode,
+            _local: ScratchDir(local),
+        })
+    }
+}
+
+/// One batch's view of the stateful operators: its ID (batch N reads state version N and
+/// commits N+1) and where operators leave their figures.
+#[derive(Debug)]
+pub(crate) struct BatchState {
+    pub(crate) run: Arc<StateRun>,
+    pub(crate) batch: u64,
+    metrics: Mutex<BTreeMap<u32, StateOperatorProgress>>,
+}
+
+impl BatchState {
+    pub(crate) fn new(run: Arc<StateRun>, batch: u64) -> Self {
+        Self {
+            run,
+            batch,
+            metrics: Mutex::new(BTreeMap::new()),
+        }
+    }
+
+    /// Adds one partition's figures to operator `id`'s.
+    pub(crate) fn record(&self, id: u32, part: StateOperatorProgress) {
+        if let Ok(mut m) = self.metrics.lock() {
+            m.entry(id)
+                .and_modify(|total| total.add(&part))
+                .or_insert(part);
+        }
+    }
+
+    /// The figures of every operator, by ID.
+    pub(crate) fn progress(&self) -> Vec<StateOperatorProgress> {
+        self.metrics
+            .lock()
+            .map(|m| m.values().cloned().collect())
+            .unwrap_or_default()
+    }
+}
+
+/// `plan` with its stateful operators in place, and what they are, by ID.
+pub(crate) fn plan_stateful(
+    plan: Arc<dyn ExecutionPlan>,
+    batch: &Arc<BatchState>,
+) -> Result<(Arc<dyn ExecutionPlan>, Vec<OperatorInfo>)> {
+    let mut operators = vec![];
+    let plan = rewrite(plan, batch, &mut operators)?;
+    Ok((plan, operators))
+}
+
+fn rewrite(
+    plan: Arc<dyn ExecutionPlan>,
+    batch: &Arc<BatchState>,
+    operators: &mut Vec<OperatorInfo>,
+) -> Result<Arc<dyn ExecutionPlan>> {
+    if let Some(agg) = plan.downcast_ref::<AggregateExec>()
+        && !matches!(
+            agg.mode(),
+            AggregateMode::Partial | AggregateMode::PartialReduce
+        )
+        && StreamScanExec::is_below(&plan)
+    {
+        let id = operators.len() as u32;
+        let exec = StatefulAggregateExec::try_new(agg, id, Arc::clone(batch))?;
+        operators.push(exec.info().clone());
+        // Nothing below it keeps state: a second streaming aggregation is refused at start.
+        return Ok(Arc::new(exec));
+    }
+    let children = plan
+        .children()
+        .into_iter()
+        .map(|c| rewrite(Arc::clone(c), batch, operators))
+        .collect::<Result<Vec<_>>>()?;
+    if children.is_empty() {
+        return Ok(plan);
+    }
+    datafusion::physical_plan::execution_plan::replace_children_if_necessary(plan, children)
+}

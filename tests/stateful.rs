@@ -1,0 +1,422 @@
+//! Stateful streaming through the Rust API: streaming aggregation in update and complete mode,
+//! on the RocksDB and in-memory state stores, across restarts, with the restart checks of the
+//! operators' state (reference §1b).
+
+#![expect(
+    clippy::unwrap_used,
+    reason = "a test fails loudly on any unexpected error"
+)]
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+
+use weir::datafusion::arrow::array::{Array, Int64Array, RecordBatch};
+use weir::datafusion::arrow::compute::cast;
+use weir::datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef};
+use weir::{MemoryStream, OutputMode, StateBackend, StreamingQuery, WeirSession};
+
+fn schema() -> SchemaRef {
+    Arc::new(Schema::new(vec![
+        Field::new("k", DataType::Int64, false),
+        Field::new("v", DataType::Int64, true),
+    ]))
+}
+
+fn rows(pairs: &[(i64, Option<i64>)]) -> RecordBatch {
+    RecordBatch::try_new(
+        schema(),
+        vec![
+            Arc::new(Int64Array::from(
+                pairs.iter().map(|p| p.0).collect::<Vec<_>>(),
+            )),
+            Arc::new(Int64Array::from(
+                pairs.iter().map(|p| p.1).collect::<Vec<_>>(),
+            )),
+        ],
+    )
+    .unwrap()
+}
+
+/// Every row of `batches` as strings, one `Vec` per row, sorted.
+fn table(batches: &[RecordBatch]) -> Vec<Vec<String>> {
+    let mut out = vec![];
+    for b in batches {
+        for r in 0..b.num_rows() {
+            out.push(
+                b.columns()
+                    .iter()
+                    .map(|c| {
+                        let c = cast(c, &DataType::Utf8).unwrap();
+                        let s = c
+                            .as_any()
+                            .downcast_ref::<weir::datafusion::arrow::array::StringArray>()
+                            .unwrap();
+                        if s.is_null(r) {
+                            "NULL".to_string()
+                        } else {
+                            s.value(r).to_string()
+                        }
+                    })
+                    .collect(),
+            );
+        }
+    }
+    out.sort();
+    out
+}
+
+fn strs(rows: &[&[&str]]) -> Vec<Vec<String>> {
+    let mut v: Vec<Vec<String>> = rows
+        .iter()
+        .map(|r| r.iter().map(|s| s.to_string()).collect())
+        .collect();
+    v.sort();
+    v
+}
+
+type Outputs = Arc<Mutex<BTreeMap<u64, Vec<RecordBatch>>>>;
+
+struct Setup {
+    session: WeirSession,
+    stream: MemoryStream,
+    outputs: Outputs,
+}
+
+fn setup() -> Setup {
+    let session = WeirSession::new();
+    let stream = MemoryStream::new("events", schema());
+    session.register_memory_stream(&stream);
+    // The stream as a view, so DataFusion SQL can read it.
+    let df = session.read_stream().table("events").unwrap();
+    session
+        .context()
+        .register_table("ev", df.into_view())
+        .unwrap();
+    Setup {
+        session,
+        stream,
+        outputs: Arc::default(),
+    }
+}
+
+impl Setup {
+    /// Starts `sql` (reading the stream as `ev`) into a foreach-batch sink that keeps each batch.
+    async fn start(
+        &self,
+        sql: &str,
+        mode: OutputMode,
+        checkpoint: &std::path::Path,
+        backend: StateBackend,
+    ) -> weir::Result<StreamingQuery> {
+        let df = self.session.context().sql(sql).await?;
+        let outputs = Arc::clone(&self.outputs);
+        self.session
+            .write_stream(df)
+            .output_mode(mode)
+            .checkpoint_location(checkpoint.to_str().unwrap())
+            .state_store(backend)
+            .foreach_batch(move |id, batches| {
+                let outputs = Arc::clone(&outputs);
+                async move {
+                    outputs.lock().unwrap().insert(id, batches);
+                    Ok(())
+                }
+            })
+            .start()
+            .await
+    }
+
+    fn output(&self, batch: u64) -> Vec<Vec<String>> {
+        table(self.outputs.lock().unwrap().get(&batch).unwrap())
+    }
+}
+
+const COUNTS: &str = "SELECT k, count(*) AS n, sum(v) AS s FROM ev GROUP BY k";
+
+async fn update_mode_emits_changed_groups(backend: StateBackend) {
+    let t = setup();
+    let ck = tempfile::tempdir().unwrap();
+    let q = t
+        .start(COUNTS, OutputMode::Update, ck.path(), backend)
+        .await
+        .unwrap();
+    t.stream
+        .push(rows(&[(1, Some(10)), (1, Some(5)), (2, None)]))
+        .unwrap();
+    q.process_all_available().await.unwrap();
+    t.stream.push(rows(&[(2, Some(7)), (3, Some(1))])).unwrap();
+    q.process_all_available().await.unwrap();
+    t.stream.push(rows(&[(1, Some(1))])).unwrap();
+    q.process_all_available().await.unwrap();
+    assert_eq!(t.output(0), strs(&[&["1", "2", "15"], &["2", "1", "NULL"]]));
+    assert_eq!(t.output(1), strs(&[&["2", "2", "7"], &["3", "1", "1"]]));
+    assert_eq!(t.output(2), strs(&[&["1", "3", "16"]]));
+
+    let p = q.last_progress().unwrap();
+    assert_eq!(p.state_operators.len(), 1);
+    let op = &p.state_operators[0];
+    assert_eq!(op.operator_name, "aggregate");
+    assert_eq!(op.num_rows_total, 3);
+    assert_eq!(op.num_rows_updated, 1);
+    assert_eq!(
+        op.num_shuffle_partitions as usize,
+        op.num_state_store_instances as usize
+    );
+    let json = p.json();
+    assert!(
+        json.contains(r#""stateOperators":[{"operatorName":"aggregate","numRowsTotal":3"#),
+        "{json}"
+    );
+    q.stop().await;
+}
+
+#[tokio::test]
+async fn update_mode_emits_the_groups_each_batch_changed_on_rocksdb() {
+    update_mode_emits_changed_groups(StateBackend::default()).await;
+}
+
+#[tokio::test]
+async fn update_mode_emits_the_groups_each_batch_changed_in_memory() {
+    update_mode_emits_changed_groups(StateBackend::Memory).await;
+}
+
+#[tokio::test]
+async fn complete_mode_emits_the_whole_result_and_a_restart_continues_from_state() {
+    let t = setup();
+    let ck = tempfile::tempdir().unwrap();
+    let q = t
+        .start(
+            COUNTS,
+            OutputMode::Complete,
+            ck.path(),
+            StateBackend::default(),
+        )
+        .await
+        .unwrap();
+    t.stream.push(rows(&[(1, Some(1)), (2, Some(2))])).unwrap();
+    q.process_all_available().await.unwrap();
+    t.stream.push(rows(&[(1, Some(3))])).unwrap();
+    q.process_all_available().await.unwrap();
+    assert_eq!(t.output(0), strs(&[&["1", "1", "1"], &["2", "1", "2"]]));
+    assert_eq!(t.output(1), strs(&[&["1", "2", "4"], &["2", "1", "2"]]));
+    q.stop().await;
+
+    // A new run rebuilds the state from the checkpoint (its local RocksDB is gone). Group 4,
+    // new and all NULL next to stored groups, must sum to NULL.
+    t.stream.push(rows(&[(2, Some(5)), (4, None)])).unwrap();
+    let q = t
+        .start(
+            COUNTS,
+            OutputMode::Complete,
+            ck.path(),
+            StateBackend::default(),
+        )
+        .await
+        .unwrap();
+    q.process_all_available().await.unwrap();
+    assert_eq!(
+        t.output(2),
+        strs(&[&["1", "2", "4"], &["2", "2", "7"], &["4", "1", "NULL"]])
+    );
+    q.stop().await;
+}
+
+#[tokio::test]
+async fn every_aggregate_function_matches_batch_sql_over_the_same_rows() {
+    let t = setup();
+    let ck = tempfile::tempdir().unwrap();
+    let sql = "SELECT k % 7 AS g, count(*) AS n, count(v) AS nv, sum(v) AS s, min(v) AS lo, \
+               max(v) AS hi, avg(v) AS mean, stddev(v) AS sd, bool_and(v > 0) AS pos, \
+               approx_distinct(v) AS d FROM ev GROUP BY k % 7";
+    let q = t
+        .start(
+            sql,
+            OutputMode::Complete,
+            ck.path(),
+            StateBackend::default(),
+        )
+        .await
+        .unwrap();
+    let mut all = vec![];
+    let mut seed = 42u64;
+    for batch in 0..5 {
+        let pairs: Vec<(i64, Option<i64>)> = (0..200)
+            .map(|i| {
+                seed = seed
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                let v = (seed >> 33) as i64 % 1000 - 100;
+                (i * 31 + batch, (i % 11 != 0).then_some(v))
+            })
+            .collect();
+        all.extend(pairs.clone());
+        t.stream.push(rows(&pairs)).unwrap();
+        q.process_all_available().await.unwrap();
+    }
+    q.stop().await;
+    let last = t.outputs.lock().unwrap().keys().max().copied().unwrap();
+    let streamed = t.output(last);
+
+    // The same rows as a table, the same query as batch SQL.
+    let ctx = weir::datafusion::prelude::SessionContext::new();
+    let mem =
+        weir::datafusion::datasource::MemTable::try_new(schema(), vec![vec![rows(&all)]]).unwrap();
+    ctx.register_table("ev", Arc::new(mem)).unwrap();
+    let batch = ctx.sql(sql).await.unwrap().collect().await.unwrap();
+    let round = |rows: Vec<Vec<String>>| -> Vec<Vec<String>> {
+        rows.into_iter()
+            .map(|r| {
+                r.into_iter()
+                    .map(|c| match c.parse::<f64>() {
+                        Ok(f) if c.contains('.') => format!("{f:.6}"),
+                        _ => c,
+                    })
+                    .collect()
+            })
+            .collect()
+    };
+    assert_eq!(round(streamed), round(table(&batch)));
+    assert_eq!(table(&batch).len(), 7);
+}
+
+/// The §1b restart cases: run the base query, then restart its checkpoint with a changed one.
+/// The error is `(class, message)`.
+async fn restart_with(base: &str, changed: &str, allow: bool) -> Result<(), (String, String)> {
+    let refused = |e: weir::Error| (e.error_class().to_string(), e.to_string());
+    let t = setup();
+    let ck = tempfile::tempdir().unwrap();
+    let q = t
+        .start(base, OutputMode::Update, ck.path(), StateBackend::default())
+        .await
+        .unwrap();
+    t.stream.push(rows(&[(1, Some(1)), (12, Some(2))])).unwrap();
+    q.process_all_available().await.unwrap();
+    q.stop().await;
+    t.stream.push(rows(&[(1, Some(3))])).unwrap();
+    let df = t
+        .session
+        .context()
+        .sql(changed)
+        .await
+        .map_err(|e| refused(e.into()))?;
+    let q = t
+        .session
+        .write_stream(df)
+        .output_mode(OutputMode::Update)
+        .checkpoint_location(ck.path().to_str().unwrap())
+        .allow_state_definition_change(allow)
+        .format("noop")
+        .start()
+        .await
+        .map_err(refused)?;
+    q.process_all_available()
+        .await
+        .map_err(|e| (e.cause_error_class().to_string(), e.to_string()))?;
+    q.stop().await;
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_restart_is_checked_against_the_state_of_every_operator() {
+    let base = "SELECT k % 10 AS g, count(*) AS n FROM ev GROUP BY k % 10";
+    let refused = [
+        // key_add_col: an extra grouping column.
+        (
+            "SELECT k % 10 AS g, k % 3 AS h, count(*) AS n FROM ev GROUP BY k % 10, k % 3",
+            "STATE_STORE_KEY_SCHEMA_NOT_COMPATIBLE",
+        ),
+        // key_string: the key cast to a string.
+        (
+            "SELECT CAST(k % 10 AS VARCHAR) AS g, count(*) AS n FROM ev GROUP BY CAST(k % 10 AS VARCHAR)",
+            "STATE_STORE_KEY_SCHEMA_NOT_COMPATIBLE",
+        ),
+        // agg_avg: count → avg (the state becomes a count and a sum).
+        (
+            "SELECT k % 10 AS g, avg(v) AS n FROM ev GROUP BY k % 10",
+            "STATE_STORE_VALUE_SCHEMA_NOT_COMPATIBLE",
+        ),
+        // no_groupby: the aggregation removed.
+        (
+            "SELECT k AS g FROM ev",
+            "STREAMING_STATEFUL_OPERATOR_NOT_MATCH_IN_STATE_METADATA",
+        ),
+        // Beyond Spark: key_mod7 and agg_sum keep the state's shape but change its meaning.
+        (
+            "SELECT k % 7 AS g, count(*) AS n FROM ev GROUP BY k % 7",
+            "STATEFUL_OPERATOR_DEFINITION_CHANGED",
+        ),
+        (
+            "SELECT k % 10 AS g, sum(v) AS n FROM ev GROUP BY k % 10",
+            "STATEFUL_OPERATOR_DEFINITION_CHANGED",
+        ),
+    ];
+    for (changed, class) in refused {
+        let (got, message) = restart_with(base, changed, false).await.unwrap_err();
+        assert_eq!(got, class, "{changed}: {message}");
+    }
+    let accepted = [
+        // unchanged, an extra filter before the aggregation, a projection after it.
+        base,
+        "SELECT k % 10 AS g, count(*) AS n FROM ev WHERE v > 0 GROUP BY k % 10",
+        "SELECT g * 2 AS g2, n FROM (SELECT k % 10 AS g, count(*) AS n FROM ev GROUP BY k % 10)",
+    ];
+    for changed in accepted {
+        restart_with(base, changed, false)
+            .await
+            .unwrap_or_else(|e| panic!("{changed}: {e:?}"));
+    }
+    // The opt-out accepts a definition change of the same shape.
+    restart_with(
+        base,
+        "SELECT k % 7 AS g, count(*) AS n FROM ev GROUP BY k % 7",
+        true,
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e:?}"));
+}
+
+#[tokio::test]
+async fn a_stateless_checkpoint_refuses_an_added_aggregation_and_memory_state_does_not_restart() {
+    let t = setup();
+    let ck = tempfile::tempdir().unwrap();
+    let q = t
+        .start(
+            "SELECT k FROM ev",
+            OutputMode::Append,
+            ck.path(),
+            StateBackend::default(),
+        )
+        .await
+        .unwrap();
+    t.stream.push(rows(&[(1, None)])).unwrap();
+    q.process_all_available().await.unwrap();
+    q.stop().await;
+    let err = t
+        .start(
+            COUNTS,
+            OutputMode::Update,
+            ck.path(),
+            StateBackend::default(),
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(
+        err.error_class(),
+        "STREAMING_STATEFUL_OPERATOR_NOT_MATCH_IN_STATE_METADATA",
+        "{err}"
+    );
+
+    let ck = tempfile::tempdir().unwrap();
+    let q = t
+        .start(COUNTS, OutputMode::Update, ck.path(), StateBackend::Memory)
+        .await
+        .unwrap();
+    t.stream.push(rows(&[(1, None)])).unwrap();
+    q.process_all_available().await.unwrap();
+    q.stop().await;
+    let err = t
+        .start(COUNTS, OutputMode::Update, ck.path(), StateBackend::Memory)
+        .await
+        .unwrap_err();
+    assert_eq!(err.error_class(), "STATE_STORE_NOT_DURABLE", "{err}");
+}
