@@ -420,3 +420,78 @@ async fn a_stateless_checkpoint_refuses_an_added_aggregation_and_memory_state_do
         .unwrap_err();
     assert_eq!(err.error_class(), "STATE_STORE_NOT_DURABLE", "{err}");
 }
+
+#[tokio::test]
+async fn old_state_is_purged_with_the_logs_and_a_restart_rebuilds_from_a_snapshot() {
+    let t = setup();
+    let ck = tempfile::tempdir().unwrap();
+    let start = || async {
+        let df = t.session.context().sql(COUNTS).await.unwrap();
+        let outputs = Arc::clone(&t.outputs);
+        t.session
+            .write_stream(df)
+            .output_mode(OutputMode::Complete)
+            .checkpoint_location(ck.path().to_str().unwrap())
+            .min_batches_to_retain(3)
+            .foreach_batch(move |id, batches| {
+                let outputs = Arc::clone(&outputs);
+                async move {
+                    outputs.lock().unwrap().insert(id, batches);
+                    Ok(())
+                }
+            })
+            .start()
+            .await
+            .unwrap()
+    };
+    let q = start().await;
+    for i in 0..25 {
+        t.stream.push(rows(&[(i % 4, Some(i))])).unwrap();
+        q.process_all_available().await.unwrap();
+    }
+    q.stop().await;
+    // Batches 0..=24 committed state versions 1..=25; re-running batch 22 (the oldest kept)
+    // needs version 22, so snapshot 20 and the changelogs after it stay, older ones go.
+    let mut stores = 0;
+    for part in std::fs::read_dir(ck.path().join("state/0")).unwrap() {
+        let dir = part.unwrap().path().join("default");
+        let mut names: Vec<String> = std::fs::read_dir(&dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().to_string())
+            .filter(|n| !n.starts_with("files"))
+            .collect();
+        names.sort();
+        assert_eq!(
+            names,
+            [
+                "20.snapshot",
+                "21.changelog",
+                "22.changelog",
+                "23.changelog",
+                "24.changelog",
+                "25.changelog"
+            ],
+            "{}",
+            dir.display()
+        );
+        stores += 1;
+    }
+    assert!(stores >= 1);
+    let p = t.outputs.lock().unwrap().len();
+    assert_eq!(p, 25);
+
+    // A new run (new local RocksDB) starts from snapshot 20 and replays 21..=25.
+    t.stream.push(rows(&[(0, Some(100))])).unwrap();
+    let q = start().await;
+    q.process_all_available().await.unwrap();
+    let last = q.last_progress().unwrap();
+    assert_eq!(last.batch_id, 25);
+    q.stop().await;
+    let sum0: i64 = (0..25).filter(|i| i % 4 == 0).sum::<i64>() + 100;
+    assert!(
+        t.output(25)
+            .contains(&vec!["0".to_string(), "8".to_string(), sum0.to_string()]),
+        "{:?}",
+        t.output(25)
+    );
+}

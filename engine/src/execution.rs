@@ -26,7 +26,7 @@ use crate::progress::{
     SinkProgress, SourceProgress, StateOperatorProgress, StreamingQueryProgress, format_timestamp,
 };
 use crate::query::{RECENT_PROGRESS, Shared, StreamingQueryManager};
-use crate::stateful::{BatchState, StateRun, plan_stateful};
+use crate::stateful::{BatchState, OperatorInfo, StateRun, plan_stateful};
 use crate::{Error, Result, Trigger};
 
 /// How long an idle query waits before asking its sources again (`spark.sql.streaming.pollingDelay`).
@@ -53,8 +53,8 @@ pub(crate) struct Execution {
     pub(crate) no_data_progress_interval: Duration,
     /// Where a restarted run continues; `None` for a fresh checkpoint.
     pub(crate) restart: Option<RestartPoint>,
-    /// The state backend of a query with stateful operators.
-    pub(crate) state_run: Option<Arc<StateRun>>,
+    /// The state backend of a query with stateful operators, and the operators.
+    pub(crate) state_run: Option<(Arc<StateRun>, Vec<OperatorInfo>)>,
 }
 
 /// Where a run on an existing checkpoint continues, read and checked before the query starts.
@@ -470,6 +470,10 @@ impl Execution {
                     let below = purge_below(batch - 1, self.min_batches_to_retain);
                     if below > 0 {
                         self.checkpoint.purge_below(below).await?;
+                        // Re-running batch `below` needs state version `below`.
+                        if let Some((run, operators)) = &self.state_run {
+                            run.purge_below(operators, below)?;
+                        }
                     }
                 }
                 durations.insert("walCommit".into(), ms(t.elapsed()));
@@ -630,7 +634,7 @@ impl Execution {
         let physical = state.create_physical_plan(&self.plan).await?;
         // Stateful operators read state version `batch` and commit `batch + 1`.
         let (physical, batch_state) = match &self.state_run {
-            Some(run) => {
+            Some((run, _)) => {
                 let b = Arc::new(BatchState::new(Arc::clone(run), batch));
                 (plan_stateful(physical, &b)?.0, Some(b))
             }

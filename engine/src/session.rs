@@ -549,7 +549,7 @@ impl DataStreamWriter {
                 self.output_mode,
             )?);
             let committed = restart.as_ref().is_some_and(|r| r.has_committed_batches());
-            check_state(
+            let operators = check_state(
                 &checkpoint,
                 &state,
                 &plan,
@@ -570,7 +570,7 @@ impl DataStreamWriter {
                 ));
             }
             conf.insert(STATE_STORE.to_string(), backend.name().to_string());
-            Some(run)
+            Some((run, operators))
         } else {
             None
         };
@@ -622,7 +622,7 @@ async fn check_state(
     run: &Arc<StateRun>,
     committed: bool,
     allow_definition_change: bool,
-) -> Result<()> {
+) -> Result<Vec<OperatorInfo>> {
     for t in tables {
         t.set_batch(vec![]);
     }
@@ -641,12 +641,14 @@ async fn check_state(
         }
         None if !operators.is_empty() => {
             checkpoint
-                .write_state_metadata(&StateMetadata { operators })
+                .write_state_metadata(&StateMetadata {
+                    operators: operators.clone(),
+                })
                 .await?
         }
         None => {}
     }
-    Ok(())
+    Ok(operators)
 }
 
 /// Makes a memory sink's table, or a named file sink's output, queryable in the session under

@@ -143,6 +143,7 @@ impl StateStore for MemoryStateStore {
                 .iter()
                 .map(|(k, v)| (k.len() + v.len()) as u64)
                 .sum(),
+            custom: Default::default(),
         }
     }
 }
@@ -153,7 +154,7 @@ mod tests {
 
     #[test]
     fn the_in_memory_provider_meets_the_state_store_contract() {
-        crate::conformance::check(&MemoryStateStoreProvider::new());
+        crate::conformance::check(&MemoryStateStoreProvider::new(), true);
     }
 
     #[test]

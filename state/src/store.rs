@@ -115,6 +115,9 @@ pub struct StoreMetrics {
     pub num_keys: u64,
     /// Bytes of memory the store uses.
     pub memory_used_bytes: u64,
+    /// Backend figures under Spark's names where they mean the same (e.g.
+    /// `rocksdbSstFileSize`, `rocksdbBytesCopied`).
+    pub custom: std::collections::BTreeMap<String, i64>,
 }
 
 /// A key-value store with versions, read and written a micro-batch at a time.

@@ -438,6 +438,7 @@ impl Inner {
                 memory_used_bytes: metrics.memory_used_bytes,
                 num_shuffle_partitions: run.partitions as u64,
                 num_state_store_instances: 1,
+                custom_metrics: metrics.custom,
                 ..Default::default()
             },
         );

@@ -136,6 +136,23 @@ impl StateRun {
     }
 }
 
+impl StateRun {
+    /// Lets every store of `operators` forget what no version from `version` on needs.
+    pub(crate) fn purge_below(&self, operators: &[OperatorInfo], version: u64) -> EngineResult<()> {
+        for op in operators {
+            for partition in 0..op.num_partitions {
+                for name in &op.store_names {
+                    let id = weir_state::StoreId::new(op.operator_id, partition as u32, name);
+                    self.provider
+                        .purge_below(&id, version)
+                        .map_err(|e| Error::User(e.into()))?;
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
 /// One batch's view of the stateful operators: its ID (batch N reads state version N and
 /// commits N+1) and where operators leave their figures.
 #[derive(Debug)]

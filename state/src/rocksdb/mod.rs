@@ -4,6 +4,7 @@
 //!
 //! ```text
 //! <checkpoint state dir>/<operator>/<partition>/<name>/<version>.changelog
+//! <checkpoint state dir>/<operator>/<partition>/<name>/<version>.snapshot, files/
 //! <local dir>/<operator>/<partition>/<name>/            the RocksDB instance
 //! ```
 //!
@@ -15,7 +16,9 @@
 //! a rebuild does not need every changelog) are not built yet: until they are, purging a store's
 //! old changelogs means it can be rebuilt only from its local instance.
 
-use std::collections::HashMap;
+mod snapshot;
+
+use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
@@ -30,6 +33,9 @@ const META_CF: &str = "weir_meta";
 const VERSION_KEY: &[u8] = b"version";
 /// The number of keys at the local instance's version, kept exact by [`write`].
 const NUM_KEYS_KEY: &[u8] = b"num_keys";
+/// A local instance's ID, new for each created or restored instance: it makes the names of
+/// uploaded SST files unique.
+const INSTANCE_KEY: &[u8] = b"instance";
 const CHANGELOG_MAGIC: &[u8] = b"WEIRCL1\n";
 
 /// Memory bounds shared by every RocksDB instance of a provider, so state larger than memory
@@ -42,6 +48,8 @@ pub struct RocksDbConfig {
     pub memtable_bytes: usize,
     /// One memtable's size before it is flushed, bytes (default 16 MiB).
     pub write_buffer_bytes: usize,
+    /// Take a snapshot every this many versions (default 10, Spark's `minDeltasForSnapshot`).
+    pub snapshot_interval: u64,
 }
 
 impl Default for RocksDbConfig {
@@ -50,6 +58,7 @@ impl Default for RocksDbConfig {
             block_cache_bytes: 64 << 20,
             memtable_bytes: 64 << 20,
             write_buffer_bytes: 16 << 20,
+            snapshot_interval: 10,
         }
     }
 }
@@ -134,7 +143,59 @@ impl RocksDbStateStoreProvider {
             return Ok(Arc::clone(db));
         }
         let path = self.local_dir.join(Self::rel(id));
-        let db = Arc::new(open_db(&path, &self.shared).map_err(|e| backend(id, e))?);
+        let db = open_db(&path, &self.shared).map_err(|e| backend(id, e))?;
+        let cf = db
+            .cf_handle(META_CF)
+            .ok_or_else(|| backend(id, "the meta column family is missing"))?;
+        if db
+            .get_cf(cf, INSTANCE_KEY)
+            .map_err(|e| backend(id, e))?
+            .is_none()
+        {
+            new_instance_id(&db, id)?;
+        }
+        let db = Arc::new(db);
+        open.insert(id.clone(), Arc::clone(&db));
+        Ok(db)
+    }
+
+    fn store_dir(&self, id: &StoreId) -> PathBuf {
+        self.checkpoint_dir.join(Self::rel(id))
+    }
+
+    /// Whether the changelogs of versions `from..=to` are all there.
+    fn has_changelogs(&self, id: &StoreId, from: u64, to: u64) -> bool {
+        (from..=to).all(|v| self.changelog(id, v).exists())
+    }
+
+    /// Replaces the local instance with snapshot `version`. `db` is the open instance, given
+    /// up here.
+    fn restore(&self, id: &StoreId, db: Arc<DB>, version: u64) -> Result<Arc<DB>> {
+        let manifest = snapshot::read(&self.store_dir(id), version)?;
+        let mut open = self.open.lock().map_err(|_| backend(id, "lock poisoned"))?;
+        open.remove(id);
+        if Arc::strong_count(&db) > 1 {
+            return Err(backend(
+                id,
+                "cannot restore a snapshot while an older instance of the store is in use",
+            ));
+        }
+        drop(db);
+        let path = self.local_dir.join(Self::rel(id));
+        if path.exists() {
+            std::fs::remove_dir_all(&path).map_err(|e| backend(id, e))?;
+        }
+        snapshot::restore(&self.store_dir(id), &manifest, &path)?;
+        let db = open_db(&path, &self.shared).map_err(|e| backend(id, e))?;
+        if local_version(&db, id)? != version {
+            return Err(Error::Corrupt {
+                file: snapshot::manifest_path(&self.store_dir(id), version)
+                    .display()
+                    .to_string(),
+            });
+        }
+        new_instance_id(&db, id)?;
+        let db = Arc::new(db);
         open.insert(id.clone(), Arc::clone(&db));
         Ok(db)
     }
@@ -155,6 +216,18 @@ impl RocksDbStateStoreProvider {
     }
 
     fn available(&self, id: &StoreId) -> String {
+        let snapshots = snapshot::list(&self.store_dir(id));
+        let snapshots = match snapshots.as_slice() {
+            [] => String::new(),
+            s => format!(
+                ", snapshots {}",
+                s.iter().map(u64::to_string).collect::<Vec<_>>().join(", ")
+            ),
+        };
+        format!("{}{snapshots}", self.available_changelogs(id))
+    }
+
+    fn available_changelogs(&self, id: &StoreId) -> String {
         let mut v: Vec<u64> = std::fs::read_dir(self.checkpoint_dir.join(Self::rel(id)))
             .into_iter()
             .flatten()
@@ -206,6 +279,8 @@ fn open_db(path: &Path, shared: &Shared) -> std::result::Result<DB, rocksdb::Err
     let mut table = BlockBasedOptions::default();
     table.set_block_cache(&shared.cache);
     table.set_cache_index_and_filter_blocks(true);
+    // Most lookups of a batch's new keys miss: a bloom filter answers them without reading.
+    table.set_bloom_filter(10.0, false);
     let mut opts = Options::default();
     opts.create_if_missing(true);
     opts.create_missing_column_families(true);
@@ -235,6 +310,22 @@ fn meta_u64(db: &DB, id: &StoreId, key: &[u8]) -> Result<u64> {
             .map(u64::from_le_bytes)
             .map_err(|_| backend(id, "the local instance's metadata is damaged")),
     }
+}
+
+/// Gives the instance a new ID (see [`INSTANCE_KEY`]).
+fn new_instance_id(db: &DB, id: &StoreId) -> Result<()> {
+    static COUNTER: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or_default();
+    let n = COUNTER.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let instance = format!("{nanos:x}{:x}{n:x}", std::process::id());
+    let cf = db
+        .cf_handle(META_CF)
+        .ok_or_else(|| backend(id, "the meta column family is missing"))?;
+    db.put_cf(cf, INSTANCE_KEY, instance.as_bytes())
+        .map_err(|e| backend(id, e))
 }
 
 fn local_version(db: &DB, id: &StoreId) -> Result<u64> {
@@ -328,37 +419,45 @@ impl StateStoreProvider for RocksDbStateStoreProvider {
     }
 
     fn open(&self, id: &StoreId, version: u64) -> Result<Box<dyn StateStore>> {
-        let db = self.db(id)?;
+        let mut db = self.db(id)?;
         let local = local_version(&db, id)?;
-        if local > version {
-            // Only clear what can be rebuilt.
-            if (1..=version).any(|v| !self.changelog(id, v).exists()) {
-                return Err(self.not_found(id, version));
-            }
-            self.clear_local(id, &db)?;
-            self.replay(id, &db, 1, version)?;
-        } else if local < version {
+        if local < version && self.has_changelogs(id, local + 1, version) {
             self.replay(id, &db, local + 1, version)?;
+        } else if local != version {
+            // Rebuild: from the newest snapshot the changelogs can bring to `version`, or from
+            // nothing. Only what can be rebuilt is cleared.
+            let base = snapshot::list(&self.store_dir(id))
+                .into_iter()
+                .rev()
+                .find(|&s| s <= version && self.has_changelogs(id, s + 1, version));
+            match base {
+                Some(s) => {
+                    db = self.restore(id, db, s)?;
+                    self.replay(id, &db, s + 1, version)?;
+                }
+                None if self.has_changelogs(id, 1, version) => {
+                    self.clear_local(id, &db)?;
+                    self.replay(id, &db, 1, version)?;
+                }
+                None => return Err(self.not_found(id, version)),
+            }
         }
         Ok(Box::new(RocksDbStateStore {
             id: id.clone(),
             version,
             db,
-            staged: std::collections::BTreeMap::new(),
-            changelog_dir: self.checkpoint_dir.join(Self::rel(id)),
+            db_path: self.local_dir.join(Self::rel(id)),
+            staged: BTreeMap::new(),
+            changelog_dir: self.store_dir(id),
             memtables: self.shared.memtables.clone(),
             memtable_bytes: self.shared.config.memtable_bytes,
+            snapshot_interval: self.shared.config.snapshot_interval,
+            uploaded: None,
         }))
     }
 
     fn purge_below(&self, id: &StoreId, version: u64) -> Result<()> {
-        for v in 1..version {
-            match std::fs::remove_file(self.changelog(id, v)) {
-                Ok(()) => {}
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-                Err(e) => return Err(backend(id, e)),
-            }
-        }
+        snapshot::purge(&self.store_dir(id), version).map_err(|e| backend(id, e))?;
         Ok(())
     }
 }
@@ -367,11 +466,15 @@ struct RocksDbStateStore {
     id: StoreId,
     version: u64,
     db: Arc<DB>,
+    db_path: PathBuf,
     /// Writes applied since opening, newest per key; `None` deletes.
-    staged: std::collections::BTreeMap<Vec<u8>, Option<Vec<u8>>>,
+    staged: BTreeMap<Vec<u8>, Option<Vec<u8>>>,
     changelog_dir: PathBuf,
     memtables: WriteBufferManager,
     memtable_bytes: usize,
+    snapshot_interval: u64,
+    /// The snapshot the last commit took, if it took one.
+    uploaded: Option<snapshot::Uploaded>,
 }
 
 impl StateStore for RocksDbStateStore {
@@ -462,16 +565,39 @@ impl StateStore for RocksDbStateStore {
         if self.memtables.get_usage() > self.memtable_bytes {
             self.db.flush().map_err(|e| backend(&self.id, e))?;
         }
+        self.uploaded = if self.snapshot_interval > 0 && next.is_multiple_of(self.snapshot_interval)
+        {
+            Some(snapshot::take(
+                &self.db,
+                &self.id,
+                &self.db_path,
+                &self.changelog_dir,
+                next,
+            )?)
+        } else {
+            None
+        };
         self.version = next;
         Ok(next)
     }
 
     fn metrics(&self) -> StoreMetrics {
         let prop = |name: &str| self.db.property_int_value(name).ok().flatten().unwrap_or(0);
+        let mut custom = BTreeMap::new();
+        custom.insert(
+            "rocksdbSstFileSize".to_string(),
+            prop("rocksdb.total-sst-files-size") as i64,
+        );
+        let up = self.uploaded.unwrap_or_default();
+        custom.insert("rocksdbBytesCopied".into(), up.bytes_copied as i64);
+        custom.insert("rocksdbFilesCopied".into(), up.files_copied as i64);
+        custom.insert("rocksdbFilesReused".into(), up.files_reused as i64);
+        custom.insert("rocksdbCommitCheckpointLatency".into(), up.millis as i64);
         StoreMetrics {
             num_keys: meta_u64(&self.db, &self.id, NUM_KEYS_KEY).unwrap_or(0),
             memory_used_bytes: prop("rocksdb.cur-size-all-mem-tables")
                 + prop("rocksdb.estimate-table-readers-mem"),
+            custom,
         }
     }
 }
@@ -487,7 +613,7 @@ mod tests {
     #[test]
     fn the_rocksdb_provider_meets_the_state_store_contract() {
         let dir = tempfile::tempdir().unwrap();
-        crate::conformance::check(&provider(&dir, "local"));
+        crate::conformance::check(&provider(&dir, "local"), false);
     }
 
     #[test]
@@ -542,6 +668,106 @@ mod tests {
         assert!(err.to_string().contains("1.changelog"), "{err}");
     }
 
+    fn with_snapshots(
+        dir: &tempfile::TempDir,
+        local: &str,
+        every: u64,
+    ) -> RocksDbStateStoreProvider {
+        RocksDbStateStoreProvider::with_config(
+            dir.path().join("checkpoint"),
+            dir.path().join(local),
+            RocksDbConfig {
+                snapshot_interval: every,
+                ..RocksDbConfig::default()
+            },
+        )
+    }
+
+    /// Version v holds keys 0..v*10 with value v for the keys written at v, and key "gone"
+    /// deleted at version 7.
+    fn write_versions(p: &RocksDbStateStoreProvider, id: &StoreId, versions: u64) {
+        for v in 0..versions {
+            write_version(p, id, v);
+        }
+    }
+
+    fn write_version(p: &RocksDbStateStoreProvider, id: &StoreId, v: u64) {
+        let mut s = p.open(id, v).unwrap();
+        let mut b = WriteBatch::new();
+        for i in 0..10u64 {
+            b.put(
+                (v * 10 + i).to_be_bytes().to_vec(),
+                v.to_be_bytes().to_vec(),
+            );
+        }
+        if v == 3 {
+            b.put(b"gone".to_vec(), b"x".to_vec());
+        }
+        if v == 7 {
+            b.delete(b"gone".to_vec());
+        }
+        s.apply(b).unwrap();
+        s.commit().unwrap();
+    }
+
+    fn check_version(s: &dyn StateStore, v: u64) {
+        let all = s.scan(&KeyRange::all()).unwrap();
+        assert_eq!(
+            all.len() as u64,
+            v * 10 + u64::from((4..8).contains(&v)),
+            "version {v}"
+        );
+        assert_eq!(s.metrics().num_keys, all.len() as u64, "version {v}");
+    }
+
+    #[test]
+    fn snapshots_let_old_changelogs_go_and_a_rebuild_start_from_them() {
+        let dir = tempfile::tempdir().unwrap();
+        let id = StoreId::new(0, 1, "default");
+        let p = with_snapshots(&dir, "local-a", 5);
+        write_versions(&p, &id, 23);
+        let store_dir = dir.path().join("checkpoint/0/1/default");
+        assert_eq!(snapshot::list(&store_dir), vec![5, 10, 15, 20]);
+        // A snapshot uploads only the SST files the previous ones do not have.
+        let files = || std::fs::read_dir(store_dir.join("files")).unwrap().count();
+        let before = files();
+
+        // Keep what versions >= 17 need: snapshot 15 and changelogs 16.., nothing older.
+        p.purge_below(&id, 17).unwrap();
+        assert_eq!(snapshot::list(&store_dir), vec![15, 20]);
+        assert!(!p.changelog(&id, 15).exists() && p.changelog(&id, 16).exists());
+        assert!(
+            files() < before,
+            "files only older snapshots listed are removed"
+        );
+
+        // Another machine rebuilds 23 from snapshot 20, 17 from snapshot 15; 12 is gone.
+        let q = with_snapshots(&dir, "local-b", 5);
+        check_version(q.open(&id, 23).unwrap().as_ref(), 23);
+        check_version(q.open(&id, 17).unwrap().as_ref(), 17);
+        let err = q.open(&id, 12).err().unwrap();
+        assert_eq!(err.error_class(), "STATE_STORE_VERSION_NOT_FOUND", "{err}");
+        assert!(err.to_string().contains("snapshots 15, 20"), "{err}");
+
+        // A restored instance goes on committing and snapshotting under a new ID: its files
+        // never overwrite the ones the first instance uploaded.
+        write_version(&q, &id, 19);
+        check_version(q.open(&id, 20).unwrap().as_ref(), 20);
+        let r = with_snapshots(&dir, "local-c", 5);
+        check_version(r.open(&id, 20).unwrap().as_ref(), 20);
+
+        // A damaged snapshot manifest is reported, not used.
+        let path = snapshot::manifest_path(&store_dir, 20);
+        let mut bytes = std::fs::read(&path).unwrap();
+        bytes[10] ^= 0xff;
+        std::fs::write(&path, bytes).unwrap();
+        let err = with_snapshots(&dir, "local-d", 5)
+            .open(&id, 21)
+            .err()
+            .unwrap();
+        assert_eq!(err.error_class(), "STATE_STORE_FILE_CORRUPT", "{err}");
+    }
+
     #[test]
     fn state_ten_times_the_memory_bound_stays_within_it_and_reads_back() {
         let dir = tempfile::tempdir().unwrap();
@@ -553,6 +779,7 @@ mod tests {
                 block_cache_bytes: budget,
                 memtable_bytes: budget / 2,
                 write_buffer_bytes: 1 << 20,
+                snapshot_interval: 10,
             },
         );
         let id = StoreId::new(0, 0, "default");
