@@ -120,6 +120,7 @@ fn progress(batch: u64) -> StreamingQueryProgress {
         input_rows_per_second: 28_571_428.5,
         processed_rows_per_second: 28_571_428.5,
         duration_ms,
+        event_time: Default::default(),
         state_operators: vec![],
         sources: vec![SourceProgress {
             description: "RatePerMicroBatchStream[rowsPerBatch=1000000, numPartitions=2, startTimestamp=0, advanceMsPerBatch=1000]".into(),

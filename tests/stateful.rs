@@ -495,3 +495,190 @@ async fn old_state_is_purged_with_the_logs_and_a_restart_rebuilds_from_a_snapsho
         t.output(25)
     );
 }
+
+fn events_schema() -> SchemaRef {
+    use weir::datafusion::arrow::datatypes::TimeUnit;
+    Arc::new(Schema::new(vec![
+        Field::new(
+            "ts",
+            DataType::Timestamp(TimeUnit::Millisecond, Some("UTC".into())),
+            false,
+        ),
+        Field::new("k", DataType::Int64, false),
+    ]))
+}
+
+fn events(secs: &[i64]) -> RecordBatch {
+    use weir::datafusion::arrow::array::TimestampMillisecondArray;
+    RecordBatch::try_new(
+        events_schema(),
+        vec![
+            Arc::new(
+                TimestampMillisecondArray::from(secs.iter().map(|s| s * 1000).collect::<Vec<_>>())
+                    .with_timezone("UTC"),
+            ),
+            Arc::new(Int64Array::from(
+                secs.iter().map(|s| s % 2).collect::<Vec<_>>(),
+            )),
+        ],
+    )
+    .unwrap()
+}
+
+/// A 10-second tumbling window count with a 5-second watermark, through the Rust API.
+async fn windowed_counts(
+    session: &WeirSession,
+    mode: OutputMode,
+    ck: &std::path::Path,
+) -> (Outputs, StreamingQuery) {
+    use weir::DataFrameStreamExt;
+    let df = session
+        .read_stream()
+        .table("clicks")
+        .unwrap()
+        .with_watermark("ts", "5 seconds")
+        .unwrap();
+    let _ = session.context().deregister_table("clicks_wm");
+    session
+        .context()
+        .register_table("clicks_wm", df.into_view())
+        .unwrap();
+    let df = session
+        .context()
+        .sql(
+            "SELECT window(ts, '10 seconds') AS w, count(*) AS n FROM clicks_wm \
+             GROUP BY window(ts, '10 seconds')",
+        )
+        .await
+        .unwrap();
+    let outputs: Outputs = Arc::default();
+    let sink = Arc::clone(&outputs);
+    let q = session
+        .write_stream(df)
+        .output_mode(mode)
+        .checkpoint_location(ck.to_str().unwrap())
+        .foreach_batch(move |id, batches| {
+            let sink = Arc::clone(&sink);
+            async move {
+                sink.lock().unwrap().insert(id, batches);
+                Ok(())
+            }
+        })
+        .start()
+        .await
+        .unwrap();
+    (outputs, q)
+}
+
+fn clicks() -> (WeirSession, MemoryStream) {
+    let session = WeirSession::new();
+    let stream = MemoryStream::new("clicks", events_schema());
+    session.register_memory_stream(&stream);
+    (session, stream)
+}
+
+fn window_rows(outputs: &Outputs, batch: u64) -> Vec<String> {
+    let all = outputs.lock().unwrap();
+    let Some(batches) = all.get(&batch) else {
+        return vec![];
+    };
+    let mut out = vec![];
+    for b in batches {
+        let w = b
+            .column(0)
+            .as_any()
+            .downcast_ref::<weir::datafusion::arrow::array::StructArray>()
+            .unwrap();
+        let start = cast(w.column(0), &DataType::Int64).unwrap();
+        let start = start.as_any().downcast_ref::<Int64Array>().unwrap();
+        let n = b.column(1).as_any().downcast_ref::<Int64Array>().unwrap();
+        for r in 0..b.num_rows() {
+            out.push(format!("[{}s) {}", start.value(r) / 1_000_000, n.value(r)));
+        }
+    }
+    out.sort();
+    out
+}
+
+#[tokio::test]
+async fn append_mode_emits_each_window_once_when_the_watermark_passes_it_and_drops_late_rows() {
+    let ck = tempfile::tempdir().unwrap();
+    let (session, stream) = clicks();
+    let (outputs, q) = windowed_counts(&session, OutputMode::Append, ck.path()).await;
+    // Batch 0: windows [0s) and [10s); the watermark becomes 12 - 5 = 7 s, so a batch without
+    // data (1) runs with it, as in Spark; no window ends by 7 s.
+    stream.push(events(&[1, 2, 12])).unwrap();
+    q.process_all_available().await.unwrap();
+    assert_eq!(q.last_progress().unwrap().batch_id, 1);
+    // Batch 2: 3 s is not late (its window ends at 10 s, after the 7 s watermark); 25 s moves
+    // the watermark to 20 s, so batch 3 emits the windows ending by 20 s.
+    stream.push(events(&[3, 25])).unwrap();
+    q.process_all_available().await.unwrap();
+    for b in 0..=2 {
+        assert_eq!(window_rows(&outputs, b), Vec::<String>::new(), "batch {b}");
+    }
+    assert_eq!(window_rows(&outputs, 3), vec!["[0s) 3", "[10s) 1"]);
+    let p = q.last_progress().unwrap();
+    assert_eq!(p.batch_id, 3);
+    assert_eq!(p.num_input_rows, 0, "a batch the watermark alone started");
+    assert_eq!(
+        p.event_time.get("watermark").unwrap(),
+        "1970-01-01T00:00:20.000Z"
+    );
+    assert_eq!(p.state_operators[0].num_rows_removed, 2);
+    assert_eq!(p.state_operators[0].num_rows_total, 1);
+
+    // Batch 4: 4 s is behind the watermark (20 s): dropped and counted. 41 s moves it to 36 s
+    // and batch 5 emits [20s).
+    stream.push(events(&[4, 41])).unwrap();
+    q.process_all_available().await.unwrap();
+    let p4 = q
+        .recent_progress()
+        .into_iter()
+        .find(|p| p.batch_id == 4)
+        .unwrap();
+    assert_eq!(p4.state_operators[0].num_rows_dropped_by_watermark, 1);
+    assert_eq!(
+        p4.event_time.get("min").unwrap(),
+        "1970-01-01T00:00:04.000Z"
+    );
+    assert_eq!(
+        p4.event_time.get("max").unwrap(),
+        "1970-01-01T00:00:41.000Z"
+    );
+    assert_eq!(window_rows(&outputs, 4), Vec::<String>::new());
+    assert_eq!(window_rows(&outputs, 5), vec!["[20s) 1"]);
+    q.stop().await;
+
+    // A restart keeps the watermark (36 s, so 5 s is late) and the open window [40s).
+    let (outputs, q) = windowed_counts(&session, OutputMode::Append, ck.path()).await;
+    stream.push(events(&[5, 42, 60])).unwrap();
+    q.process_all_available().await.unwrap();
+    let p = q.recent_progress();
+    let first = p.first().unwrap();
+    assert_eq!(first.batch_id, 6);
+    assert_eq!(first.state_operators[0].num_rows_dropped_by_watermark, 1);
+    assert_eq!(window_rows(&outputs, 7), vec!["[40s) 2"]);
+    q.stop().await;
+}
+
+#[tokio::test]
+async fn update_mode_with_a_watermark_evicts_finished_windows_without_emitting_them_again() {
+    let ck = tempfile::tempdir().unwrap();
+    let (session, stream) = clicks();
+    let (outputs, q) = windowed_counts(&session, OutputMode::Update, ck.path()).await;
+    stream.push(events(&[1, 12])).unwrap();
+    q.process_all_available().await.unwrap();
+    stream.push(events(&[2, 30])).unwrap();
+    q.process_all_available().await.unwrap();
+    assert_eq!(window_rows(&outputs, 0), vec!["[0s) 1", "[10s) 1"]);
+    assert_eq!(window_rows(&outputs, 1), Vec::<String>::new());
+    assert_eq!(window_rows(&outputs, 2), vec!["[0s) 2", "[30s) 1"]);
+    // Batch 3 (the watermark moved to 25 s) evicts [0s) and [10s) and emits nothing.
+    assert_eq!(window_rows(&outputs, 3), Vec::<String>::new());
+    let p = q.last_progress().unwrap();
+    assert_eq!(p.batch_id, 3);
+    assert_eq!(p.state_operators[0].num_rows_removed, 2);
+    assert_eq!(p.state_operators[0].num_rows_total, 1);
+    q.stop().await;
+}

@@ -26,7 +26,9 @@ use crate::progress::{
     SinkProgress, SourceProgress, StateOperatorProgress, StreamingQueryProgress, format_timestamp,
 };
 use crate::query::{RECENT_PROGRESS, Shared, StreamingQueryManager};
-use crate::stateful::{BatchState, OperatorInfo, StateRun, plan_stateful};
+use crate::stateful::{
+    BatchState, BatchWatermark, EventTimeStats, OperatorInfo, StateRun, plan_stateful,
+};
 use crate::{Error, Result, Trigger};
 
 /// How long an idle query waits before asking its sources again (`spark.sql.streaming.pollingDelay`).
@@ -55,6 +57,16 @@ pub(crate) struct Execution {
     pub(crate) restart: Option<RestartPoint>,
     /// The state backend of a query with stateful operators, and the operators.
     pub(crate) state_run: Option<(Arc<StateRun>, Vec<OperatorInfo>)>,
+    /// Whether the query declares event-time watermarks.
+    pub(crate) has_watermarks: bool,
+}
+
+/// What executing one batch gave.
+struct Executed {
+    rows_per_source: Vec<u64>,
+    output_rows: usize,
+    state_operators: Vec<StateOperatorProgress>,
+    event_times: BTreeMap<usize, EventTimeStats>,
 }
 
 /// Where a run on an existing checkpoint continues, read and checked before the query starts.
@@ -176,8 +188,12 @@ struct Loop {
     /// Batch 0 of a fresh checkpoint is still to run even without new data (see
     /// [`MicroBatchStream::runs_first_batch_without_data`]).
     first_batch_ever: bool,
-    /// The event-time watermark the next batch runs with (no operator moves it yet).
+    /// The event-time watermark the next batch runs with.
     watermark_ms: i64,
+    /// The watermark the last batch ran with: the next batch drops rows at or behind it.
+    last_batch_watermark_ms: i64,
+    /// The largest event time each watermark operator has seen (microseconds), and its delay.
+    event_time_max: BTreeMap<usize, (i64, i64)>,
     last_trigger_start: Option<Instant>,
     /// When the last progress or idle event was posted.
     last_event: Option<Instant>,
@@ -274,33 +290,44 @@ impl Execution {
             };
             streams.push(t.source().open(ctx).await?);
         }
-        let (next_batch, starts, replay, watermark_ms) = match self.restart.take() {
-            None => (
-                0,
-                streams.iter().map(|s| s.initial_offset()).collect(),
-                None,
-                0,
-            ),
-            Some(RestartPoint::After {
-                last,
-                entry,
-                commit,
-            }) => (
-                last + 1,
-                entry.sources.into_iter().map(|r| r.end).collect(),
-                None,
-                commit.next_batch_watermark_ms,
-            ),
-            Some(RestartPoint::Replay { batch, entry }) => {
-                info!(
-                    batch,
-                    "replaying the batch that was planned but not committed"
-                );
-                let starts = entry.sources.iter().map(|r| r.start.clone()).collect();
-                let watermark_ms = entry.metadata.batch_watermark_ms;
-                (batch, starts, Some(entry), watermark_ms)
-            }
-        };
+        let (next_batch, starts, replay, watermark_ms, last_batch_watermark_ms) =
+            match self.restart.take() {
+                None => (
+                    0,
+                    streams.iter().map(|s| s.initial_offset()).collect(),
+                    None,
+                    0,
+                    0,
+                ),
+                Some(RestartPoint::After {
+                    last,
+                    entry,
+                    commit,
+                }) => (
+                    last + 1,
+                    entry.sources.iter().map(|r| r.end.clone()).collect(),
+                    None,
+                    commit.next_batch_watermark_ms,
+                    entry.metadata.batch_watermark_ms,
+                ),
+                Some(RestartPoint::Replay { batch, entry }) => {
+                    info!(
+                        batch,
+                        "replaying the batch that was planned but not committed"
+                    );
+                    let starts = entry.sources.iter().map(|r| r.start.clone()).collect();
+                    let watermark_ms = entry.metadata.batch_watermark_ms;
+                    // The batch drops late rows with the watermark of the batch before it.
+                    let before = match batch.checked_sub(1) {
+                        Some(b) => match self.checkpoint.read_offsets(b).await {
+                            Ok(e) => e.metadata.batch_watermark_ms,
+                            Err(_) => watermark_ms,
+                        },
+                        None => 0,
+                    };
+                    (batch, starts, Some(entry), watermark_ms, before)
+                }
+            };
         let limits = streams
             .iter()
             .map(|s| match self.trigger {
@@ -317,6 +344,8 @@ impl Execution {
             starts,
             first_batch_ever,
             watermark_ms,
+            last_batch_watermark_ms,
+            event_time_max: BTreeMap::new(),
             next_batch,
             replay,
             last_trigger_start: None,
@@ -436,7 +465,11 @@ impl Execution {
                 }
                 durations.insert("latestOffset".into(), ms(t.elapsed()));
                 let new_data = ends != lp.starts;
-                if !new_data && !lp.first_batch_ever {
+                // As Spark, a batch without new data still runs when the watermark moved, so
+                // stateful operators can emit and evict what it finalised.
+                let watermark_moved =
+                    self.state_run.is_some() && lp.watermark_ms > lp.last_batch_watermark_ms;
+                if !new_data && !lp.first_batch_ever && !watermark_moved {
                     return Ok(TriggerOutcome::NoData {
                         latest_offset: t.elapsed(),
                     });
@@ -487,10 +520,65 @@ impl Execution {
         };
         lp.first_batch_ever = false;
         let span = info_span!("batch", batch_id = batch);
-        let (rows_per_source, output_rows, state_operators) = self
+        let executed = self
             .execute_batch(lp, batch, &entry, &mut durations)
             .instrument(span)
             .await?;
+        let Executed {
+            rows_per_source,
+            output_rows,
+            state_operators,
+            event_times,
+        } = executed;
+        // The next batch's watermark: per watermark operator the largest event time seen minus
+        // its delay; the query's is the minimum over operators that have seen data (Spark's
+        // default policy). It never moves back.
+        let batch_watermark_ms = entry.metadata.batch_watermark_ms;
+        for (id, s) in &event_times {
+            let e = lp
+                .event_time_max
+                .entry(*id)
+                .or_insert((s.max_us, s.delay_ms));
+            e.0 = e.0.max(s.max_us);
+        }
+        if let Some(wm) = lp
+            .event_time_max
+            .values()
+            .map(|(max_us, delay)| max_us.div_euclid(1000) - delay)
+            .min()
+        {
+            lp.watermark_ms = lp.watermark_ms.max(wm);
+        }
+        lp.last_batch_watermark_ms = batch_watermark_ms;
+        let event_time = self.has_watermarks.then(|| {
+            let mut m = BTreeMap::new();
+            let all = event_times.values().fold(None::<EventTimeStats>, |acc, s| {
+                Some(match acc {
+                    Some(mut a) => {
+                        a.merge(s);
+                        a
+                    }
+                    None => *s,
+                })
+            });
+            if let Some(a) = all {
+                let avg_us = (a.sum_us / i128::from(a.count.max(1))) as i64;
+                m.insert("avg".to_string(), format_timestamp(avg_us.div_euclid(1000)));
+                m.insert(
+                    "max".to_string(),
+                    format_timestamp(a.max_us.div_euclid(1000)),
+                );
+                m.insert(
+                    "min".to_string(),
+                    format_timestamp(a.min_us.div_euclid(1000)),
+                );
+            }
+            m.insert(
+                "watermark".to_string(),
+                format_timestamp(batch_watermark_ms),
+            );
+            m
+        });
         let t = Instant::now();
         self.checkpoint
             .write_commit(
@@ -532,6 +620,7 @@ impl Execution {
             input_rows_per_second: rate(total, since_last),
             processed_rows_per_second: rate(total, Some(processing)),
             duration_ms: durations,
+            event_time: event_time.unwrap_or_default(),
             state_operators,
             sources: lp
                 .streams
@@ -585,6 +674,14 @@ impl Execution {
             input_rows_per_second: 0.0,
             processed_rows_per_second: 0.0,
             duration_ms,
+            event_time: if self.has_watermarks {
+                BTreeMap::from([(
+                    "watermark".to_string(),
+                    format_timestamp(lp.last_batch_watermark_ms),
+                )])
+            } else {
+                BTreeMap::new()
+            },
             state_operators: vec![],
             sources: lp
                 .streams
@@ -615,7 +712,7 @@ impl Execution {
         batch: u64,
         entry: &OffsetEntry,
         durations: &mut BTreeMap<String, u64>,
-    ) -> Result<(Vec<u64>, usize, Vec<StateOperatorProgress>)> {
+    ) -> Result<Executed> {
         let t = Instant::now();
         let mut rows = Vec::with_capacity(entry.sources.len());
         for ((s, r), table) in lp.streams.iter_mut().zip(&entry.sources).zip(&self.tables) {
@@ -633,12 +730,18 @@ impl Execution {
             chrono::DateTime::from_timestamp_millis(entry.metadata.batch_timestamp_ms);
         let physical = state.create_physical_plan(&self.plan).await?;
         // Stateful operators read state version `batch` and commit `batch + 1`.
-        let (physical, batch_state) = match &self.state_run {
-            Some((run, _)) => {
-                let b = Arc::new(BatchState::new(Arc::clone(run), batch));
-                (plan_stateful(physical, &b)?.0, Some(b))
-            }
-            None => (physical, None),
+        let (physical, batch_state) = if self.state_run.is_some() || self.has_watermarks {
+            let b = Arc::new(BatchState::new(
+                self.state_run.as_ref().map(|(run, _)| Arc::clone(run)),
+                batch,
+                BatchWatermark {
+                    late_ms: lp.last_batch_watermark_ms,
+                    eviction_ms: entry.metadata.batch_watermark_ms,
+                },
+            ));
+            (plan_stateful(physical, &b)?.0, Some(b))
+        } else {
+            (physical, None)
         };
         durations.insert("queryPlanning".into(), ms(t.elapsed()));
 
@@ -653,8 +756,15 @@ impl Execution {
         self.sink.add_batch(batch, schema, output).await?;
         pause_point("after_sink", batch);
         durations.insert("addBatch".into(), ms(t.elapsed()));
-        let state_operators = batch_state.map(|b| b.progress()).unwrap_or_default();
-        Ok((rows, out_rows, state_operators))
+        Ok(Executed {
+            rows_per_source: rows,
+            output_rows: out_rows,
+            state_operators: batch_state
+                .as_ref()
+                .map(|b| b.progress())
+                .unwrap_or_default(),
+            event_times: batch_state.map(|b| b.event_times()).unwrap_or_default(),
+        })
     }
 }
 

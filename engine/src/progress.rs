@@ -30,6 +30,10 @@ pub struct StreamingQueryProgress {
     /// Time spent per phase: `latestOffset`, `walCommit`, `getBatch`, `queryPlanning`,
     /// `addBatch`, `commitOffsets`, `triggerExecution`.
     pub duration_ms: BTreeMap<String, u64>,
+    /// Event times of the batch (`min`, `max`, `avg`) and its `watermark`, formatted as
+    /// timestamps; only in queries with a watermark.
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub event_time: BTreeMap<String, String>,
     /// Stateful operators, by operator ID (none in stateless queries).
     pub state_operators: Vec<StateOperatorProgress>,
     /// Each source's progress.

@@ -27,7 +27,8 @@ use weir_sources::{MemoryStream, MemoryStreamProvider, SourceRegistry};
 
 use crate::execution::{Execution, NO_DATA_PROGRESS_INTERVAL, RestartPoint};
 use crate::stateful::{
-    BatchState, OperatorInfo, StateBackend, StateMetadata, StateRun, plan_stateful,
+    BatchState, BatchWatermark, OperatorInfo, StateBackend, StateMetadata, StateRun,
+    WeirQueryPlanner, plan_stateful,
 };
 
 /// The offsets log's conf key for the partition count a checkpoint was created with.
@@ -87,6 +88,7 @@ impl WeirSession {
             let mut state = SessionStateBuilder::new()
                 .with_config(config)
                 .with_default_features()
+                .with_query_planner(Arc::new(WeirQueryPlanner))
                 .build();
             let factories = state.table_factories_mut();
             for name in ["PARQUET", "CSV", "JSON", "NDJSON"] {
@@ -253,9 +255,19 @@ impl DataStreamReader {
 pub trait DataFrameStreamExt {
     /// Starts writing this streaming frame (Spark's `df.writeStream`).
     fn write_stream(self) -> Result<DataStreamWriter>;
+
+    /// Declares `column` (a timestamp) as this stream's event time, with `delay` (e.g. `"10
+    /// seconds"`) of lateness allowed (Spark's `withWatermark`).
+    fn with_watermark(self, column: &str, delay: &str) -> Result<DataFrame>;
 }
 
 impl DataFrameStreamExt for DataFrame {
+    fn with_watermark(self, column: &str, delay: &str) -> Result<DataFrame> {
+        let (state, plan) = self.into_parts();
+        let plan = weir_planner::watermark::with_watermark(plan, column, delay)?;
+        Ok(DataFrame::new(state, plan))
+    }
+
     fn write_stream(self) -> Result<DataStreamWriter> {
         let (state, plan) = self.into_parts();
         let inner = state
@@ -587,7 +599,9 @@ impl DataStreamWriter {
             return Err(e);
         }
 
+        let has_watermarks = !weir_planner::watermark::watermark_nodes(&plan).is_empty();
         let exec = Execution {
+            has_watermarks,
             shared,
             manager: inner.manager.clone(),
             state,
@@ -630,7 +644,11 @@ async fn check_state(
     for t in tables {
         t.clear();
     }
-    let batch = Arc::new(BatchState::new(Arc::clone(run), 0));
+    let batch = Arc::new(BatchState::new(
+        Some(Arc::clone(run)),
+        0,
+        BatchWatermark::default(),
+    ));
     let (_, operators): (_, Vec<OperatorInfo>) = plan_stateful(physical?, &batch)?;
     match checkpoint.read_state_metadata().await? {
         Some(stored) => stored.check(&operators, allow_definition_change)?,

@@ -139,6 +139,43 @@ pub fn has_streaming_aggregation(plan: &LogicalPlan) -> bool {
         .unwrap_or(false)
 }
 
+/// Whether `e` is a watermarked column, or `window(...)` over one.
+fn is_event_time_key(e: &Expr, watermarked: &[String]) -> bool {
+    match e {
+        Expr::Column(c) => watermarked.contains(&c.name),
+        Expr::Alias(a) => is_event_time_key(&a.expr, watermarked),
+        Expr::ScalarFunction(f) if f.name() == "window" => {
+            matches!(f.args.first(), Some(Expr::Column(c)) if watermarked.contains(&c.name))
+        }
+        _ => false,
+    }
+}
+
+/// Whether every streaming aggregation of `plan` groups by a watermarked event time (a
+/// watermarked column or a window over one), so append mode can emit each group once.
+fn every_aggregation_has_event_time_key(plan: &LogicalPlan) -> bool {
+    let mut all = true;
+    let _ = plan.apply(|n| {
+        if is_aggregation(n) && is_streaming(n) {
+            let ok = match n {
+                LogicalPlan::Aggregate(agg) => {
+                    let watermarked: Vec<String> = crate::watermark::watermark_nodes(&agg.input)
+                        .into_iter()
+                        .map(|w| w.column.name)
+                        .collect();
+                    agg.group_expr
+                        .iter()
+                        .any(|e| is_event_time_key(e, &watermarked))
+                }
+                _ => false,
+            };
+            all &= ok;
+        }
+        Ok(TreeNodeRecursion::Continue)
+    });
+    all
+}
+
 /// Refuses what a streaming query cannot do in output mode `mode`. `plan` must read at least
 /// one stream.
 pub fn check_streaming_plan(plan: &LogicalPlan, mode: OutputMode) -> Result<(), ClassifiedError> {
@@ -152,13 +189,15 @@ pub fn check_streaming_plan(plan: &LogicalPlan, mode: OutputMode) -> Result<(), 
                  result each batch); this query has none. Use append mode.",
             ));
         }
-        OutputMode::Append if aggregates => {
+        OutputMode::Append if aggregates && !every_aggregation_has_event_time_key(plan) => {
             return Err(ClassifiedError::new(
                 "STREAMING_OUTPUT_MODE.UNSUPPORTED_OPERATION",
                 "42KDE",
                 "Append output mode is not supported for a streaming aggregation without a \
-                 watermark: a group's result is final only when the watermark passes its \
-                 event-time window, and without one no group is ever final. Use update mode \
+                 watermark on a grouping key: a group's result is final only when the watermark \
+                 passes its event time, and without one no group is ever final. Declare a \
+                 watermark on the event-time column (WATERMARK col DELAY OF INTERVAL ..., or \
+                 with_watermark) and group by it or by window(col, ...); or use update mode \
                  (each batch emits the groups it changed) or complete mode (the whole result).",
             ));
         }

@@ -11,6 +11,9 @@
 //! - [`analysis`]: which scans are streaming, and which operations a streaming plan may not
 //!   contain (refused before anything runs).
 //! - [`sink_table`]: reading a weir file sink's output directory through its manifest.
+//! - [`watermark`]: the event-time watermark node (`WATERMARK col DELAY OF ...`,
+//!   `with_watermark`).
+//! - [`window`]: the `window()` time-window function.
 
 pub mod analysis;
 pub mod relation;
@@ -18,6 +21,7 @@ pub mod sink_table;
 pub mod statement;
 mod stream_scan;
 mod table;
+pub mod watermark;
 pub mod window;
 
 pub use analysis::{

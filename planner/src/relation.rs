@@ -20,6 +20,7 @@ use weir_common::{ClassifiedError, Options};
 use weir_sources::{SourceProvider, SourceRegistry};
 
 use crate::StreamingTable;
+use crate::watermark::with_watermark;
 
 /// The streams a session knows: source formats by name and streams registered by name.
 #[derive(Debug, Default)]
@@ -166,7 +167,8 @@ impl RelationPlanner for StreamRelationPlanner {
         };
         let fname = last_name(name);
         if fname.eq_ignore_ascii_case("stream") {
-            return match args.args.as_slice() {
+            let (source_args, watermark) = split_watermark(&args.args).map_err(user)?;
+            let planned = match source_args.as_slice() {
                 [FunctionArg::Unnamed(FunctionArgExpr::Expr(expr))] => match expr {
                     SqlExpr::Function(f) => {
                         let inner_args = match &f.args {
@@ -199,14 +201,65 @@ impl RelationPlanner for StreamRelationPlanner {
                 _ => Err(user(ClassifiedError::new(
                     "INVALID_STREAM_RELATION",
                     "42601",
-                    "STREAM takes exactly one source call or stream name.",
+                    "STREAM takes exactly one source call or stream name (and optionally \
+                     watermark => 'column', delay => '10 seconds').",
                 ))),
+            }?;
+            return match (planned, watermark) {
+                (RelationPlanning::Planned(p), Some((column, delay))) => {
+                    let PlannedRelation { plan, alias } = *p;
+                    let plan = with_watermark(plan, &column, &delay).map_err(user)?;
+                    Ok(RelationPlanning::Planned(Box::new(PlannedRelation::new(
+                        plan, alias,
+                    ))))
+                }
+                (planned, _) => Ok(planned),
             };
         }
         if self.catalog.is_format(&fname) {
             return self.plan_source_call(&fname, &args.args, alias.clone());
         }
         Ok(RelationPlanning::Original(Box::new(relation)))
+    }
+}
+
+/// Splits `STREAM(source, watermark => 'col', delay => '10 seconds')` into the source argument
+/// and the watermark, if any.
+#[expect(clippy::type_complexity, reason = "a local helper's pair")]
+fn split_watermark(
+    args: &[FunctionArg],
+) -> Result<(Vec<FunctionArg>, Option<(String, String)>), ClassifiedError> {
+    let mut rest = vec![];
+    let (mut column, mut delay) = (None, None);
+    for a in args {
+        match a {
+            FunctionArg::Named {
+                name,
+                arg: FunctionArgExpr::Expr(e),
+                ..
+            } if name.value.eq_ignore_ascii_case("watermark") => {
+                column = Some(literal_text(e));
+            }
+            FunctionArg::Named {
+                name,
+                arg: FunctionArgExpr::Expr(e),
+                ..
+            } if name.value.eq_ignore_ascii_case("delay") => {
+                delay = Some(literal_text(e));
+            }
+            other => rest.push(other.clone()),
+        }
+    }
+    match (column, delay) {
+        (Some(c), Some(d)) => Ok((rest, Some((c, d)))),
+        (None, None) => Ok((rest, None)),
+        _ => Err(ClassifiedError::new(
+            "INVALID_WATERMARK",
+            "42K0E",
+            "A watermark needs both a column and a delay: STREAM(source, watermark => \
+             'column', delay => '10 seconds'), or FROM STREAM source WATERMARK column DELAY OF \
+             INTERVAL 10 SECONDS.",
+        )),
     }
 }
 

@@ -120,9 +120,107 @@ pub fn parse_statement(sql: &str) -> Result<Statement, ClassifiedError> {
     }
 }
 
-/// Rewrites `STREAM x` / `STREAM x(args)` in FROM clauses to `STREAM(x)` / `STREAM(x(args))`.
+/// Rewrites `STREAM x` / `STREAM x(args)` in FROM clauses to `STREAM(x)` / `STREAM(x(args))`,
+/// and a Databricks watermark clause after it, `STREAM(x) WATERMARK col DELAY OF INTERVAL 10
+/// SECONDS`, to `STREAM(x, watermark => 'col', delay => '10 SECONDS')`.
 pub fn rewrite_stream_keyword(sql: &str) -> Result<String, ClassifiedError> {
-    Ok(text(&rewrite_tokens(tokenize(sql)?)))
+    Ok(text(&rewrite_watermarks(rewrite_tokens(tokenize(sql)?))?))
+}
+
+const INTERVAL_UNITS: &[&str] = &[
+    "millisecond",
+    "milliseconds",
+    "second",
+    "seconds",
+    "minute",
+    "minutes",
+    "hour",
+    "hours",
+    "day",
+    "days",
+];
+
+fn rewrite_watermarks(tokens: Vec<Token>) -> Result<Vec<Token>, ClassifiedError> {
+    let sig: Vec<usize> = (0..tokens.len()).filter(|&i| !is_ws(&tokens[i])).collect();
+    let mut out = tokens.clone();
+    // Rewrites from the last clause backwards, so earlier indices stay valid.
+    let mut edits = vec![];
+    for (k, &i) in sig.iter().enumerate() {
+        if !is_word(&tokens[i], "stream")
+            || sig.get(k + 1).map(|&j| &tokens[j]) != Some(&Token::LParen)
+        {
+            continue;
+        }
+        // The STREAM( ... ) call's closing parenthesis.
+        let mut depth = 0;
+        let mut close = None;
+        for (m, &j) in sig.iter().enumerate().skip(k + 1) {
+            match tokens[j] {
+                Token::LParen => depth += 1,
+                Token::RParen => {
+                    depth -= 1;
+                    if depth == 0 {
+                        close = Some(m);
+                        break;
+                    }
+                }
+                _ => {}
+            }
+        }
+        let Some(close) = close else { continue };
+        let at = |m: usize| sig.get(m).map(|&j| &tokens[j]);
+        if !at(close + 1).is_some_and(|t| is_word(t, "watermark")) {
+            continue;
+        }
+        let bad = || {
+            syntax(
+                "A watermark clause reads WATERMARK column DELAY OF INTERVAL 10 SECONDS (or \
+                 INTERVAL '10 seconds').",
+            )
+        };
+        let column = match at(close + 2) {
+            Some(Token::Word(w)) => w.value.clone(),
+            _ => return Err(bad()),
+        };
+        if !(at(close + 3).is_some_and(|t| is_word(t, "delay"))
+            && at(close + 4).is_some_and(|t| is_word(t, "of")))
+        {
+            return Err(bad());
+        }
+        let mut m = close + 5;
+        if at(m).is_some_and(|t| is_word(t, "interval")) {
+            m += 1;
+        }
+        let mut delay = match at(m) {
+            Some(Token::SingleQuotedString(s)) => s.clone(),
+            Some(Token::Number(n, _)) => n.clone(),
+            _ => return Err(bad()),
+        };
+        if let Some(Token::Word(w)) = at(m + 1)
+            && INTERVAL_UNITS
+                .iter()
+                .any(|u| w.value.eq_ignore_ascii_case(u))
+        {
+            delay = format!("{delay} {}", w.value);
+            m += 1;
+        }
+        edits.push((sig[close], sig[m], column, delay));
+    }
+    for (close, last, column, delay) in edits.into_iter().rev() {
+        let insert = vec![
+            Token::Comma,
+            Token::make_word("watermark", None),
+            Token::RArrow,
+            Token::SingleQuotedString(column),
+            Token::Comma,
+            Token::make_word("delay", None),
+            Token::RArrow,
+            Token::SingleQuotedString(delay),
+            Token::RParen,
+        ];
+        out.splice(close..=last, insert);
+    }
+    Ok(out)
 }
 
 const CLAUSES: &[&str] = &[
@@ -426,6 +524,22 @@ mod tests {
             rewrite_stream_keyword("SELECT a, stream FROM t").unwrap(),
             "SELECT a, stream FROM t"
         );
+    }
+
+    #[test]
+    fn a_databricks_watermark_clause_becomes_stream_arguments() {
+        assert_eq!(
+            rewrite_stream_keyword(
+                "SELECT * FROM STREAM rate() WATERMARK timestamp DELAY OF INTERVAL 10 SECONDS AS r \
+                 JOIN STREAM(x) WATERMARK ts DELAY OF INTERVAL '1 minute' ON true"
+            )
+            .unwrap(),
+            "SELECT * FROM STREAM(rate(),watermark=>'timestamp',delay=>'10 SECONDS') AS r \
+             JOIN STREAM(x,watermark=>'ts',delay=>'1 minute') ON true"
+        );
+        let err =
+            rewrite_stream_keyword("SELECT * FROM STREAM x WATERMARK ts DELAY 5").unwrap_err();
+        assert_eq!(err.class, "PARSE_SYNTAX_ERROR", "{err}");
     }
 
     #[test]

@@ -18,17 +18,19 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Instant;
 
-use arrow::array::{ArrayRef, RecordBatch, UInt32Array};
+use arrow::array::{Array, ArrayRef, Int64Array, RecordBatch, StructArray, UInt32Array};
+use arrow::buffer::NullBuffer;
 use arrow::compute::take_record_batch;
-use arrow::datatypes::{Schema, SchemaRef};
+use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use arrow::row::{RowConverter, SortField};
 use datafusion::common::tree_node::TreeNodeRecursion;
 use datafusion::error::{DataFusionError, Result};
 use datafusion::execution::{SendableRecordBatchStream, TaskContext};
 use datafusion::logical_expr::{EmitTo, GroupsAccumulator};
-use datafusion::physical_expr::EquivalenceProperties;
 use datafusion::physical_expr::GroupsAccumulatorAdapter;
 use datafusion::physical_expr::aggregate::AggregateFunctionExpr;
+use datafusion::physical_expr::expressions::Column;
+use datafusion::physical_expr::{EquivalenceProperties, ScalarFunctionExpr};
 use datafusion::physical_plan::aggregates::{AggregateExec, AggregateMode};
 use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
@@ -41,10 +43,13 @@ use weir_common::ClassifiedError;
 use weir_sinks::OutputMode;
 use weir_state::{KeyRange, StoreId, WriteBatch, key_partition};
 
-use super::{BatchState, OperatorInfo};
+use super::watermark::event_micros;
+use super::{BatchState, OperatorInfo, watermark_columns};
 use crate::progress::StateOperatorProgress;
 
 const STORE: &str = "default";
+/// The stored key's leading event-time column, when the aggregation has a watermarked key.
+const EVENT_TIME: &str = "__event_time_us";
 
 fn state_error(e: weir_state::Error) -> DataFusionError {
     DataFusionError::External(Box::new(ClassifiedError::from(e)))
@@ -89,6 +94,73 @@ fn find_partial(plan: &Arc<dyn ExecutionPlan>) -> Result<Arc<dyn ExecutionPlan>>
     )))
 }
 
+/// A grouping key on a watermarked column: the column itself, or `window(column, ...)`.
+#[derive(Debug, Clone, Copy)]
+struct EventTimeKey {
+    /// Its position among the group columns.
+    index: usize,
+    /// A window struct (whose `end` is the event time) rather than a timestamp.
+    window: bool,
+}
+
+/// The group key among `group` that is a watermarked column or a window over one.
+fn event_time_key(
+    group: &[(Arc<dyn PhysicalExpr>, String)],
+    watermarked: &[(String, i64)],
+) -> Option<EventTimeKey> {
+    let is_watermarked = |e: &Arc<dyn PhysicalExpr>| {
+        e.downcast_ref::<Column>()
+            .is_some_and(|c| watermarked.iter().any(|(w, _)| w == c.name()))
+    };
+    group.iter().enumerate().find_map(|(index, (e, _))| {
+        if is_watermarked(e) {
+            return Some(EventTimeKey {
+                index,
+                window: false,
+            });
+        }
+        let f = e.downcast_ref::<ScalarFunctionExpr>()?;
+        (f.name() == "window" && f.args().first().is_some_and(is_watermarked)).then_some(
+            EventTimeKey {
+                index,
+                window: true,
+            },
+        )
+    })
+}
+
+/// The event time of each partial row: the key's window end or timestamp, microseconds.
+fn event_times(key: EventTimeKey, batch: &RecordBatch) -> Result<Int64Array> {
+    let column = batch.column(key.index);
+    let (times, outer) = if key.window {
+        let s = column
+            .as_any()
+            .downcast_ref::<StructArray>()
+            .ok_or_else(|| DataFusionError::Internal("a window key is not a struct".into()))?;
+        let end = s
+            .column_by_name("end")
+            .ok_or_else(|| DataFusionError::Internal("a window key has no end".into()))?;
+        (Arc::clone(end), s.nulls().cloned())
+    } else {
+        (Arc::clone(column), None)
+    };
+    let micros = event_micros(times.as_ref())?;
+    // A null window has no end, whatever its field holds.
+    let nulls = NullBuffer::union(outer.as_ref(), micros.nulls());
+    Ok(Int64Array::new(micros.values().clone(), nulls))
+}
+
+/// The first bytes of every stored key whose event time is at or before `micros`' successor.
+fn event_time_bound(micros: i64) -> Result<Vec<u8>> {
+    let converter = RowConverter::new(vec![SortField::new(DataType::Int64)])?;
+    let column: ArrayRef = Arc::new(Int64Array::from(vec![micros]));
+    Ok(converter
+        .convert_columns(&[column])?
+        .row(0)
+        .as_ref()
+        .to_vec())
+}
+
 struct Inner {
     /// DataFusion's partial aggregate of the batch: group columns, then each aggregate's state.
     partial: Arc<dyn ExecutionPlan>,
@@ -96,6 +168,9 @@ struct Inner {
     aggr: Vec<Arc<AggregateFunctionExpr>>,
     /// How many state columns each aggregate has.
     state_widths: Vec<usize>,
+    /// The grouping key that carries event time, if a watermark is on it: then the stored key
+    /// starts with its end (microseconds), so eviction is a range scan.
+    event_time: Option<EventTimeKey>,
     key_fields: Vec<SortField>,
     value_fields: Vec<SortField>,
     schema: SchemaRef,
@@ -159,7 +234,15 @@ impl StatefulAggregateExec {
         let aggr = partial_agg.aggr_expr().to_vec();
         let num_group = partial_agg.group_expr().expr().len();
         let partial_schema = partial.schema();
-        let key_schema = Schema::new(partial_schema.fields()[..num_group].to_vec());
+        let event_time = event_time_key(
+            partial_agg.group_expr().expr(),
+            &watermark_columns(&partial),
+        );
+        let mut key_fields = partial_schema.fields()[..num_group].to_vec();
+        if event_time.is_some() {
+            key_fields.insert(0, Arc::new(Field::new(EVENT_TIME, DataType::Int64, true)));
+        }
+        let key_schema = Schema::new(key_fields);
         let value_schema = Schema::new(partial_schema.fields()[num_group..].to_vec());
         let state_widths = aggr
             .iter()
@@ -202,7 +285,7 @@ impl StatefulAggregateExec {
             }
             fingerprint.push(line);
         }
-        let partitions = batch.run.partitions;
+        let partitions = batch.run()?.partitions;
         let info = OperatorInfo {
             operator_id: id,
             operator_name: "aggregate".into(),
@@ -225,6 +308,7 @@ impl StatefulAggregateExec {
                 num_group,
                 aggr,
                 state_widths,
+                event_time,
                 key_fields: sort_fields(&key_schema),
                 value_fields: sort_fields(&value_schema),
                 schema,
@@ -286,7 +370,11 @@ impl Inner {
         } else {
             let converter = RowConverter::new(self.key_fields.clone())?;
             let parser = converter.parser();
-            converter.convert_rows(keys.iter().map(|k| parser.parse(k)))?
+            let mut c = converter.convert_rows(keys.iter().map(|k| parser.parse(k)))?;
+            if self.event_time.is_some() {
+                c.remove(0);
+            }
+            c
         };
         for acc in &mut accs {
             columns.push(acc.evaluate(EmitTo::All)?);
@@ -294,11 +382,27 @@ impl Inner {
         Ok(RecordBatch::try_new(Arc::clone(&self.schema), columns)?)
     }
 
+    /// The output rows of stored `(key, value)` pairs.
+    fn evaluate_stored(
+        &self,
+        values: &RowConverter,
+        pairs: &[(Vec<u8>, Vec<u8>)],
+    ) -> Result<RecordBatch> {
+        if pairs.is_empty() {
+            return Ok(RecordBatch::new_empty(Arc::clone(&self.schema)));
+        }
+        let keys: Vec<&[u8]> = pairs.iter().map(|(k, _)| k.as_slice()).collect();
+        let parser = values.parser();
+        let state = values.convert_rows(pairs.iter().map(|(_, v)| parser.parse(v)))?;
+        self.evaluate(&keys, &state)
+    }
+
     /// Reads every input partition's partial rows and splits them by shuffle partition.
     async fn shuffle(&self, context: Arc<TaskContext>) -> Result<Vec<Vec<RecordBatch>>> {
-        let partitions = self.batch.run.partitions;
+        let partitions = self.batch.run()?.partitions;
         let input = collect_partitioned(Arc::clone(&self.partial), context).await?;
-        let converter = RowConverter::new(self.key_fields.clone())?;
+        let group_fields = self.key_fields[usize::from(self.event_time.is_some())..].to_vec();
+        let converter = RowConverter::new(group_fields)?;
         let mut out = vec![vec![]; partitions];
         for batch in input.into_iter().flatten() {
             if batch.num_rows() == 0 {
@@ -328,7 +432,9 @@ impl Inner {
     /// commits the store and returns the rows the output mode emits.
     fn merge_partition(&self, partition: usize, input: &[RecordBatch]) -> Result<RecordBatch> {
         let started = Instant::now();
-        let run = &self.batch.run;
+        let run = self.batch.run()?;
+        let watermark = self.batch.watermark;
+        let mut dropped = 0u64;
         let id = StoreId::new(self.info.operator_id, partition as u32, STORE);
         let mut store = run
             .provider
@@ -344,13 +450,33 @@ impl Inner {
         let mut keys: Vec<Vec<u8>> = vec![];
         let mut accs = self.accumulators()?;
         for batch in input {
+            let (batch, key_columns) = match self.event_time {
+                None => (batch.clone(), batch.columns()[..self.num_group].to_vec()),
+                Some(et) => {
+                    // Rows at or behind the previous batch's watermark are late: dropped
+                    // before they reach state, and counted.
+                    let times = event_times(et, batch)?;
+                    let late_us = watermark.late_ms.saturating_mul(1000);
+                    let keep: arrow::array::BooleanArray = times
+                        .iter()
+                        .map(|t| Some(t.is_none_or(|t| t > late_us)))
+                        .collect();
+                    let kept = arrow::compute::filter_record_batch(batch, &keep)?;
+                    dropped += (batch.num_rows() - kept.num_rows()) as u64;
+                    let times = event_times(et, &kept)?;
+                    let mut cols: Vec<ArrayRef> = vec![Arc::new(times)];
+                    cols.extend(kept.columns()[..self.num_group].iter().cloned());
+                    (kept, cols)
+                }
+            };
+            let batch = &batch;
             let groups: Vec<usize> = if self.num_group == 0 {
                 if keys.is_empty() {
                     keys.push(vec![]);
                 }
                 vec![0; batch.num_rows()]
             } else {
-                let rows = converter.convert_columns(&batch.columns()[..self.num_group])?;
+                let rows = converter.convert_columns(&key_columns)?;
                 rows.iter()
                     .map(|r| match index.get(r.as_ref()) {
                         Some(&g) => g,
@@ -399,30 +525,43 @@ impl Inner {
         }
         store.apply(writes).map_err(state_error)?;
 
-        let output = match run.output_mode {
-            OutputMode::Update => self.evaluate(&key_refs, &state)?,
+        let mut output = match run.output_mode {
+            OutputMode::Update => vec![self.evaluate(&key_refs, &state)?],
             OutputMode::Complete => {
                 let all = store.scan(&KeyRange::all()).map_err(state_error)?;
-                let keys: Vec<&[u8]> = all.iter().map(|(k, _)| k.as_slice()).collect();
-                let state = if all.is_empty() {
-                    vec![]
-                } else {
-                    let parser = values.parser();
-                    values.convert_rows(all.iter().map(|(_, v)| parser.parse(v)))?
-                };
-                if keys.is_empty() {
-                    RecordBatch::new_empty(Arc::clone(&self.schema))
-                } else {
-                    self.evaluate(&keys, &state)?
-                }
+                vec![self.evaluate_stored(&values, &all)?]
             }
-            OutputMode::Append => {
-                return Err(DataFusionError::Internal(
-                    "append mode reached a streaming aggregation without a watermark".into(),
-                ));
-            }
+            // Append emits a group once, when the watermark finalises it (below).
+            OutputMode::Append => vec![],
         };
         let updates = started.elapsed();
+
+        // Groups whose event time the watermark has passed are final: append mode emits them,
+        // and (except in complete mode, which keeps everything) they leave state.
+        let removing = Instant::now();
+        let mut removed = 0u64;
+        if self.event_time.is_some() && run.output_mode != OutputMode::Complete {
+            let range = KeyRange {
+                start: std::ops::Bound::Included(event_time_bound(i64::MIN)?),
+                end: std::ops::Bound::Excluded(event_time_bound(
+                    watermark.eviction_ms.saturating_mul(1000).saturating_add(1),
+                )?),
+            };
+            let expired = store.scan(&range).map_err(state_error)?;
+            if !expired.is_empty() {
+                if run.output_mode == OutputMode::Append {
+                    output.push(self.evaluate_stored(&values, &expired)?);
+                }
+                let mut deletes = WriteBatch::new();
+                for (k, _) in &expired {
+                    deletes.delete(k.clone());
+                }
+                removed = expired.len() as u64;
+                store.apply(deletes).map_err(state_error)?;
+            }
+        }
+        let removals = removing.elapsed();
+        let output = arrow::compute::concat_batches(&self.schema, &output)?;
 
         let committing = Instant::now();
         store.commit().map_err(state_error)?;
@@ -434,12 +573,14 @@ impl Inner {
                 num_rows_total: metrics.num_keys,
                 num_rows_updated: n as u64,
                 all_updates_time_ms: updates.as_millis() as u64,
+                num_rows_removed: removed,
+                all_removals_time_ms: removals.as_millis() as u64,
+                num_rows_dropped_by_watermark: dropped,
                 commit_time_ms: committing.elapsed().as_millis() as u64,
                 memory_used_bytes: metrics.memory_used_bytes,
                 num_shuffle_partitions: run.partitions as u64,
                 num_state_store_instances: 1,
                 custom_metrics: metrics.custom,
-                ..Default::default()
             },
         );
         Ok(output)

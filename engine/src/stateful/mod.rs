@@ -11,6 +11,7 @@
 
 mod aggregate;
 mod metadata;
+mod watermark;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -27,6 +28,8 @@ use weir_state::{
 
 use aggregate::StatefulAggregateExec;
 pub(crate) use metadata::{OperatorInfo, StateMetadata};
+use watermark::WatermarkExec;
+pub(crate) use watermark::{EventTimeStats, WeirQueryPlanner};
 
 use crate::progress::StateOperatorProgress;
 use crate::{Error, Result as EngineResult};
@@ -153,22 +156,44 @@ impl StateRun {
     }
 }
 
+/// The watermarks a batch runs with, in milliseconds: stateful operators drop input rows at
+/// or behind `late_ms` (the previous batch's watermark) and finalise and evict state at or
+/// behind `eviction_ms` (this batch's), as Spark does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub(crate) struct BatchWatermark {
+    pub(crate) late_ms: i64,
+    pub(crate) eviction_ms: i64,
+}
+
 /// One batch's view of the stateful operators: its ID (batch N reads state version N and
-/// commits N+1) and where operators leave their figures.
+/// commits N+1), its watermarks, and where operators leave their figures.
 #[derive(Debug)]
 pub(crate) struct BatchState {
-    pub(crate) run: Arc<StateRun>,
+    pub(crate) run: Option<Arc<StateRun>>,
     pub(crate) batch: u64,
+    pub(crate) watermark: BatchWatermark,
     metrics: Mutex<BTreeMap<u32, StateOperatorProgress>>,
+    event_times: Mutex<BTreeMap<usize, EventTimeStats>>,
 }
 
 impl BatchState {
-    pub(crate) fn new(run: Arc<StateRun>, batch: u64) -> Self {
+    pub(crate) fn new(run: Option<Arc<StateRun>>, batch: u64, watermark: BatchWatermark) -> Self {
         Self {
             run,
             batch,
+            watermark,
             metrics: Mutex::new(BTreeMap::new()),
+            event_times: Mutex::new(BTreeMap::new()),
         }
+    }
+
+    /// The state backend; only queries with stateful operators have one.
+    pub(crate) fn run(&self) -> Result<&Arc<StateRun>> {
+        self.run.as_ref().ok_or_else(|| {
+            datafusion::error::DataFusionError::Internal(
+                "a stateful operator in a query planned without state".into(),
+            )
+        })
     }
 
     /// Adds one partition's figures to operator `id`'s.
@@ -180,11 +205,28 @@ impl BatchState {
         }
     }
 
+    /// Adds event times seen by watermark operator `id`.
+    pub(crate) fn record_event_times(&self, id: usize, stats: EventTimeStats) {
+        if let Ok(mut m) = self.event_times.lock() {
+            m.entry(id)
+                .and_modify(|total| total.merge(&stats))
+                .or_insert(stats);
+        }
+    }
+
     /// The figures of every operator, by ID.
     pub(crate) fn progress(&self) -> Vec<StateOperatorProgress> {
         self.metrics
             .lock()
             .map(|m| m.values().cloned().collect())
+            .unwrap_or_default()
+    }
+
+    /// The event times each watermark operator saw, by operator.
+    pub(crate) fn event_times(&self) -> BTreeMap<usize, EventTimeStats> {
+        self.event_times
+            .lock()
+            .map(|m| m.clone())
             .unwrap_or_default()
     }
 }
@@ -195,15 +237,42 @@ pub(crate) fn plan_stateful(
     batch: &Arc<BatchState>,
 ) -> Result<(Arc<dyn ExecutionPlan>, Vec<OperatorInfo>)> {
     let mut operators = vec![];
-    let plan = rewrite(plan, batch, &mut operators)?;
+    let mut watermarks = 0;
+    let plan = rewrite(plan, batch, &mut operators, &mut watermarks)?;
     Ok((plan, operators))
+}
+
+/// The event-time columns (name, delay) of the watermark operators in `plan`.
+pub(crate) fn watermark_columns(plan: &Arc<dyn ExecutionPlan>) -> Vec<(String, i64)> {
+    let mut out = vec![];
+    if let Some(w) = plan.downcast_ref::<WatermarkExec>() {
+        out.push((w.column.clone(), w.delay_ms));
+    }
+    for c in plan.children() {
+        out.extend(watermark_columns(c));
+    }
+    out
 }
 
 fn rewrite(
     plan: Arc<dyn ExecutionPlan>,
     batch: &Arc<BatchState>,
     operators: &mut Vec<OperatorInfo>,
+    watermarks: &mut usize,
 ) -> Result<Arc<dyn ExecutionPlan>> {
+    if let Some(w) = plan.downcast_ref::<WatermarkExec>() {
+        let id = *watermarks;
+        *watermarks += 1;
+        let children = plan
+            .children()
+            .into_iter()
+            .map(|c| rewrite(Arc::clone(c), batch, operators, watermarks))
+            .collect::<Result<Vec<_>>>()?;
+        let attached: Arc<dyn ExecutionPlan> = Arc::new(w.attached(id, Arc::clone(batch)));
+        return datafusion::physical_plan::execution_plan::replace_children_if_necessary(
+            attached, children,
+        );
+    }
     if let Some(agg) = plan.downcast_ref::<AggregateExec>()
         && !matches!(
             agg.mode(),
@@ -212,15 +281,25 @@ fn rewrite(
         && StreamScanExec::is_below(&plan)
     {
         let id = operators.len() as u32;
-        let exec = StatefulAggregateExec::try_new(agg, id, Arc::clone(batch))?;
+        // Nothing below it keeps state (a second streaming aggregation is refused at start),
+        // but its watermarks record event times.
+        let input = rewrite(Arc::clone(agg.input()), batch, operators, watermarks)?;
+        let agg = AggregateExec::try_new(
+            *agg.mode(),
+            Arc::new(agg.group_expr().clone()),
+            agg.aggr_expr().to_vec(),
+            agg.filter_expr().to_vec(),
+            input,
+            agg.input_schema(),
+        )?;
+        let exec = StatefulAggregateExec::try_new(&agg, id, Arc::clone(batch))?;
         operators.push(exec.info().clone());
-        // Nothing below it keeps state: a second streaming aggregation is refused at start.
         return Ok(Arc::new(exec));
     }
     let children = plan
         .children()
         .into_iter()
-        .map(|c| rewrite(Arc::clone(c), batch, operators))
+        .map(|c| rewrite(Arc::clone(c), batch, operators, watermarks))
         .collect::<Result<Vec<_>>>()?;
     if children.is_empty() {
         return Ok(plan);

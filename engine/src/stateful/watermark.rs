@@ -1,0 +1,217 @@
+//! The physical side of event-time watermarks: [`WatermarkExec`] passes a batch's rows through
+//! and records the event times it saw, from which the engine computes the next batch's
+//! watermark; [`WeirQueryPlanner`] plans the planner's `WatermarkNode` as one.
+
+use std::fmt;
+use std::sync::Arc;
+
+use arrow::array::{Array, RecordBatch, TimestampMicrosecondArray};
+use arrow::compute::cast;
+use arrow::datatypes::{DataType, TimeUnit};
+use async_trait::async_trait;
+use datafusion::common::tree_node::TreeNodeRecursion;
+use datafusion::error::{DataFusionError, Result};
+use datafusion::execution::context::QueryPlanner;
+use datafusion::execution::{SendableRecordBatchStream, TaskContext};
+use datafusion::logical_expr::{LogicalPlan, UserDefinedLogicalNode};
+use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
+use datafusion::physical_plan::{
+    DisplayAs, DisplayFormatType, ExecutionPlan, PhysicalExpr, PlanProperties,
+};
+use datafusion::physical_planner::{DefaultPhysicalPlanner, ExtensionPlanner, PhysicalPlanner};
+use futures::StreamExt;
+use weir_planner::watermark::WatermarkNode;
+
+use super::BatchState;
+
+/// Event times one watermark operator saw in one batch, in microseconds since the epoch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct EventTimeStats {
+    pub(crate) min_us: i64,
+    pub(crate) max_us: i64,
+    pub(crate) sum_us: i128,
+    pub(crate) count: u64,
+    /// The operator's delay, milliseconds.
+    pub(crate) delay_ms: i64,
+}
+
+impl EventTimeStats {
+    pub(crate) fn merge(&mut self, o: &Self) {
+        self.min_us = self.min_us.min(o.min_us);
+        self.max_us = self.max_us.max(o.max_us);
+        self.sum_us += o.sum_us;
+        self.count += o.count;
+    }
+}
+
+/// The event times of `column` as microseconds, nulls left null.
+pub(crate) fn event_micros(column: &dyn Array) -> Result<TimestampMicrosecondArray> {
+    let c = cast(column, &DataType::Timestamp(TimeUnit::Microsecond, None))?;
+    c.as_any()
+        .downcast_ref::<TimestampMicrosecondArray>()
+        .cloned()
+        .ok_or_else(|| DataFusionError::Internal("event time cast failed".into()))
+}
+
+fn stats_of(batch: &RecordBatch, column: usize, delay_ms: i64) -> Result<Option<EventTimeStats>> {
+    let times = event_micros(batch.column(column))?;
+    let mut s: Option<EventTimeStats> = None;
+    for t in times.iter().flatten() {
+        let one = EventTimeStats {
+            min_us: t,
+            max_us: t,
+            sum_us: i128::from(t),
+            count: 1,
+            delay_ms,
+        };
+        match &mut s {
+            Some(s) => s.merge(&one),
+            None => s = Some(one),
+        }
+    }
+    Ok(s)
+}
+
+/// Passes rows through; with a batch attached, records their event times as watermark
+/// operator `id` of the batch.
+#[derive(Debug)]
+pub(crate) struct WatermarkExec {
+    input: Arc<dyn ExecutionPlan>,
+    /// The event-time column's name and position in the input.
+    pub(crate) column: String,
+    index: usize,
+    pub(crate) delay_ms: i64,
+    batch: Option<(usize, Arc<BatchState>)>,
+}
+
+impl WatermarkExec {
+    fn try_new(input: Arc<dyn ExecutionPlan>, column: &str, delay_ms: i64) -> Result<Self> {
+        let index = input.schema().index_of(column)?;
+        Ok(Self {
+            input,
+            column: column.to_string(),
+            index,
+            delay_ms,
+            batch: None,
+        })
+    }
+
+    /// The same operator recording into `batch` as watermark operator `id`.
+    pub(crate) fn attached(&self, id: usize, batch: Arc<BatchState>) -> Self {
+        Self {
+            input: Arc::clone(&self.input),
+            column: self.column.clone(),
+            index: self.index,
+            delay_ms: self.delay_ms,
+            batch: Some((id, batch)),
+        }
+    }
+}
+
+impl DisplayAs for WatermarkExec {
+    fn fmt_as(&self, _t: DisplayFormatType, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "EventTimeWatermarkExec: column={}, delay={}ms",
+            self.column, self.delay_ms
+        )
+    }
+}
+
+impl ExecutionPlan for WatermarkExec {
+    fn name(&self) -> &str {
+        "EventTimeWatermarkExec"
+    }
+
+    fn properties(&self) -> &Arc<PlanProperties> {
+        self.input.properties()
+    }
+
+    fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
+        vec![&self.input]
+    }
+
+    fn apply_expressions(
+        &self,
+        _f: &mut dyn FnMut(&Arc<dyn PhysicalExpr>) -> Result<TreeNodeRecursion>,
+    ) -> Result<TreeNodeRecursion> {
+        Ok(TreeNodeRecursion::Continue)
+    }
+
+    fn with_new_children(
+        self: Arc<Self>,
+        mut children: Vec<Arc<dyn ExecutionPlan>>,
+    ) -> Result<Arc<dyn ExecutionPlan>> {
+        let input = children
+            .pop()
+            .ok_or_else(|| DataFusionError::Internal("watermark without input".into()))?;
+        let mut w = Self::try_new(input, &self.column, self.delay_ms)?;
+        w.batch.clone_from(&self.batch);
+        Ok(Arc::new(w))
+    }
+
+    fn execute(
+        &self,
+        partition: usize,
+        context: Arc<TaskContext>,
+    ) -> Result<SendableRecordBatchStream> {
+        let input = self.input.execute(partition, context)?;
+        let Some((id, batch)) = self.batch.clone() else {
+            return Ok(input);
+        };
+        let (index, delay_ms) = (self.index, self.delay_ms);
+        let schema = input.schema();
+        let stream = input.map(move |b| {
+            let b = b?;
+            if let Some(s) = stats_of(&b, index, delay_ms)? {
+                batch.record_event_times(id, s);
+            }
+            Ok(b)
+        });
+        Ok(Box::pin(RecordBatchStreamAdapter::new(schema, stream)))
+    }
+}
+
+struct WatermarkPlanner;
+
+#[async_trait]
+impl ExtensionPlanner for WatermarkPlanner {
+    async fn plan_extension(
+        &self,
+        _planner: &dyn PhysicalPlanner,
+        node: &dyn UserDefinedLogicalNode,
+        _logical_inputs: &[&LogicalPlan],
+        physical_inputs: &[Arc<dyn ExecutionPlan>],
+        _session: &dyn datafusion::catalog::Session,
+        _ctx: &datafusion::logical_expr::physical_planning_context::PhysicalPlanningContext,
+    ) -> Result<Option<Arc<dyn ExecutionPlan>>> {
+        let Some(w) = node.as_any().downcast_ref::<WatermarkNode>() else {
+            return Ok(None);
+        };
+        let [input] = physical_inputs else {
+            return Err(DataFusionError::Internal("watermark without input".into()));
+        };
+        Ok(Some(Arc::new(WatermarkExec::try_new(
+            Arc::clone(input),
+            &w.column.name,
+            w.delay_ms,
+        )?)))
+    }
+}
+
+/// DataFusion's physical planner, plus weir's logical nodes.
+#[derive(Debug, Default)]
+pub(crate) struct WeirQueryPlanner;
+
+#[async_trait]
+impl QueryPlanner for WeirQueryPlanner {
+    async fn create_physical_plan(
+        &self,
+        logical_plan: &LogicalPlan,
+        session: &dyn datafusion::catalog::Session,
+    ) -> Result<Arc<dyn ExecutionPlan>> {
+        DefaultPhysicalPlanner::with_extension_planners(vec![Arc::new(WatermarkPlanner)])
+            .create_physical_plan(logical_plan, session)
+            .await
+    }
+}
