@@ -314,7 +314,7 @@ fn rewrite_tokens(tokens: Vec<Token>) -> Vec<Token> {
 }
 
 fn parse_tokens(tokens: Vec<Token>) -> Result<Statement, ClassifiedError> {
-    let tokens = rewrite_tokens(tokens);
+    let tokens = rewrite_watermarks(rewrite_tokens(tokens))?;
     let sig: Vec<usize> = (0..tokens.len()).filter(|&i| !is_ws(&tokens[i])).collect();
     let at = |k: usize| sig.get(k).map(|&i| &tokens[i]);
     let word = |k: usize, w: &str| at(k).is_some_and(|t| is_word(t, w));
