@@ -183,3 +183,84 @@ async fn a_reader_of_a_sink_folder_never_sees_the_part_file_of_a_crashed_first_b
     // The same table, created before the restart, now sees the replayed batch exactly once.
     assert_eq!(count().await, ROWS_PER_BATCH);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killed_at_every_stage_a_windowed_aggregation_emits_every_window_once_and_whole() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("out");
+    let ck = dir.path().join("ck");
+    let (out, ck) = (out.to_str().unwrap(), ck.to_str().unwrap());
+    // Batch b's rows are values 50b..50b+49 at b seconds; a window holds 5 batches and is
+    // final once the watermark (the last event time, no delay) reaches its end.
+    let sql = format!(
+        "CREATE STREAMING TABLE windows USING parquet LOCATION '{out}' AS \
+         SELECT window(timestamp, '5 seconds') AS w, count(*) AS n, sum(value) AS s \
+         FROM STREAM rate_micro_batch(rowsPerBatch => {ROWS_PER_BATCH}, numPartitions => 2) \
+         WATERMARK timestamp DELAY OF INTERVAL 0 SECONDS \
+         GROUP BY window(timestamp, '5 seconds')"
+    );
+    let stages: Vec<&str> = STAGES.iter().copied().chain(["state_committed"]).collect();
+    let (mut kills, mut batch) = (0, 1u64);
+    for i in 0..21usize {
+        let stage = stages[i % stages.len()];
+        // Only batches that finalise a window (6, 11, 16, ...: batch b evicts with the
+        // watermark b - 1 s) write a part file.
+        batch = match stage {
+            "sink_mid" => (batch + 1).div_ceil(5) * 5 + 1,
+            _ => batch + 1,
+        };
+        run_and_kill_at(&sql, ck, stage, batch);
+        kills += 1;
+    }
+    assert!(kills >= 20);
+    let status = weir(&sql, ck, &["--max-batches", "6"]).status().unwrap();
+    assert!(status.success());
+
+    let session = WeirSession::new();
+    session
+        .context()
+        .sql(&format!(
+            "CREATE EXTERNAL TABLE windows STORED AS PARQUET LOCATION '{out}'"
+        ))
+        .await
+        .unwrap();
+    let r = session
+        .sql(
+            "SELECT CAST(to_unixtime(w['start']) AS BIGINT) / 5 AS k, n, s FROM windows \
+             ORDER BY k",
+        )
+        .await
+        .unwrap();
+    let StatementResult::Rows(rows) = r else {
+        panic!("expected rows")
+    };
+    let mut windows = vec![];
+    for b in &rows {
+        let col = |i: usize| {
+            b.column(i)
+                .as_any()
+                .downcast_ref::<Int64Array>()
+                .unwrap()
+                .clone()
+        };
+        let (k, n, s) = (col(0), col(1), col(2));
+        for r in 0..b.num_rows() {
+            windows.push((k.value(r), n.value(r), s.value(r)));
+        }
+    }
+    // Every window from the first on, once, with all its rows and nothing else.
+    let rows5 = 5 * ROWS_PER_BATCH;
+    assert!(windows.len() >= 4, "{windows:?}");
+    for (i, (k, n, s)) in windows.iter().enumerate() {
+        assert_eq!(
+            *k, i as i64,
+            "windows in order, none missing or twice: {windows:?}"
+        );
+        assert_eq!(*n, rows5, "window {k} has every row once");
+        assert_eq!(
+            *s,
+            rows5 * rows5 * k + rows5 * (rows5 - 1) / 2,
+            "window {k}'s sum"
+        );
+    }
+}
