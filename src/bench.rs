@@ -66,14 +66,40 @@ fn workload_sql(cfg: &BenchConfig) -> Result<String> {
         "STREAM rate_micro_batch(rowsPerBatch => {}, numPartitions => {})",
         cfg.rows_per_batch, cfg.partitions
     );
+    let table = |mode: &str, query: String| {
+        format!("CREATE STREAMING TABLE bench USING noop OPTIONS (outputMode '{mode}') AS {query}")
+    };
     match cfg.workload.to_ascii_lowercase().as_str() {
         "q1" => Ok(format!(
             "SELECT value, value * 2 AS v2 FROM {src} WHERE value % 2 = 0"
         )),
+        "q2" => Ok(table(
+            "update",
+            format!("SELECT value % 1000 AS k, count(*) AS n FROM {src} GROUP BY value % 1000"),
+        )),
+        "q3" => Ok(table(
+            "append",
+            format!(
+                "SELECT window(timestamp, '10 seconds') AS w, count(*) AS n \
+                 FROM {src} WATERMARK timestamp DELAY OF INTERVAL 10 SECONDS \
+                 GROUP BY window(timestamp, '10 seconds')"
+            ),
+        )),
+        "q4" => Ok(table(
+            "append",
+            format!(
+                "SELECT DISTINCT ON (k) timestamp, value, k \
+                 FROM (SELECT timestamp, value, value % 100000 AS k FROM {src})"
+            ),
+        )),
         other => Err(Error::user(
             "UNKNOWN_BENCH_WORKLOAD",
             "42601",
-            format!("Unknown workload '{other}'. Available: q1 (q2-q5 need stateful operators)."),
+            format!(
+                "Unknown workload '{other}'. Available: q1 (filter and projection), q2 (GROUP BY \
+                 value % 1000, update), q3 (10-second windows with a watermark, append), q4 \
+                 (deduplication on value % 100000); q5 needs stream-stream joins."
+            ),
         )),
     }
 }

@@ -682,3 +682,180 @@ async fn update_mode_with_a_watermark_evicts_finished_windows_without_emitting_t
     assert_eq!(p.state_operators[0].num_rows_total, 1);
     q.stop().await;
 }
+
+fn first_column(outputs: &Outputs, batch: u64) -> Vec<i64> {
+    let all = outputs.lock().unwrap();
+    let mut v: Vec<i64> = all
+        .get(&batch)
+        .map(|bs| {
+            bs.iter()
+                .flat_map(|b| {
+                    let c = cast(b.column(0), &DataType::Int64).unwrap();
+                    c.as_any()
+                        .downcast_ref::<Int64Array>()
+                        .unwrap()
+                        .values()
+                        .to_vec()
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    v.sort_unstable();
+    v
+}
+
+#[tokio::test]
+async fn drop_duplicates_keeps_the_first_row_of_each_key_across_batches_and_restarts() {
+    use weir::DataFrameStreamExt;
+    let t = setup();
+    let ck = tempfile::tempdir().unwrap();
+    let start = |sql: bool| {
+        let t = &t;
+        let ck = ck.path().to_path_buf();
+        async move {
+            let df = if sql {
+                t.session
+                    .context()
+                    .sql("SELECT DISTINCT ON (k) k, v FROM ev")
+                    .await
+                    .unwrap()
+            } else {
+                t.session
+                    .read_stream()
+                    .table("events")
+                    .unwrap()
+                    .drop_duplicates(&["k"])
+                    .unwrap()
+            };
+            let outputs = Arc::clone(&t.outputs);
+            t.session
+                .write_stream(df)
+                .checkpoint_location(ck.to_str().unwrap())
+                .foreach_batch(move |id, batches| {
+                    let outputs = Arc::clone(&outputs);
+                    async move {
+                        outputs.lock().unwrap().insert(id, batches);
+                        Ok(())
+                    }
+                })
+                .start()
+                .await
+                .unwrap()
+        }
+    };
+    let q = start(false).await;
+    t.stream
+        .push(rows(&[(1, Some(10)), (2, Some(20)), (1, Some(11))]))
+        .unwrap();
+    q.process_all_available().await.unwrap();
+    t.stream
+        .push(rows(&[(2, Some(21)), (3, Some(30))]))
+        .unwrap();
+    q.process_all_available().await.unwrap();
+    assert_eq!(t.output(0), strs(&[&["1", "10"], &["2", "20"]]));
+    assert_eq!(t.output(1), strs(&[&["3", "30"]]));
+    let p = q.last_progress().unwrap();
+    assert_eq!(p.state_operators[0].operator_name, "dedupe");
+    assert_eq!(p.state_operators[0].num_rows_total, 3);
+    q.stop().await;
+    // The same operator written as SQL's DISTINCT ON continues from the same state.
+    t.stream
+        .push(rows(&[(1, Some(12)), (4, Some(40)), (4, Some(41))]))
+        .unwrap();
+    let q = start(true).await;
+    q.process_all_available().await.unwrap();
+    assert_eq!(t.output(2), strs(&[&["4", "40"]]));
+    q.stop().await;
+}
+
+#[tokio::test]
+async fn dedupe_with_event_time_among_the_keys_and_within_the_watermark_forgets_old_keys() {
+    use weir::DataFrameStreamExt;
+    for within in [false, true] {
+        let (session, stream) = clicks();
+        let ck = tempfile::tempdir().unwrap();
+        let df = session
+            .read_stream()
+            .table("clicks")
+            .unwrap()
+            .with_watermark("ts", "5 seconds")
+            .unwrap();
+        let df = if within {
+            df.drop_duplicates_within_watermark(&["k"]).unwrap()
+        } else {
+            df.drop_duplicates(&["ts", "k"]).unwrap()
+        };
+        let outputs: Outputs = Arc::default();
+        let sink = Arc::clone(&outputs);
+        let q = session
+            .write_stream(df)
+            .checkpoint_location(ck.path().to_str().unwrap())
+            .foreach_batch(move |id, batches| {
+                let sink = Arc::clone(&sink);
+                async move {
+                    sink.lock().unwrap().insert(id, batches);
+                    Ok(())
+                }
+            })
+            .start()
+            .await
+            .unwrap();
+        // k = seconds % 2. Batch 0: 1 s (k 1) and 2 s (k 0); the watermark becomes 0 s
+        // (2 - 5 < 0), so nothing is evicted yet.
+        stream.push(events(&[1, 2, 1])).unwrap();
+        q.process_all_available().await.unwrap();
+        assert_eq!(
+            first_column(&outputs, 0),
+            vec![1000, 2000],
+            "within={within}"
+        );
+        // 20 s moves the watermark to 15 s: keys with event time (or expiry) by 15 s go.
+        stream.push(events(&[20])).unwrap();
+        q.process_all_available().await.unwrap();
+        let last = q.last_progress().unwrap();
+        let removed: u64 = q
+            .recent_progress()
+            .iter()
+            .flat_map(|p| p.state_operators.iter().map(|o| o.num_rows_removed))
+            .sum();
+        assert_eq!(removed, 2, "within={within}: both early keys evicted");
+        // Within the watermark, 20 s (k 0) arrived while k 0 (expiring at 7 s) was still
+        // known, under watermark 0: a duplicate, as in Spark. With the event time in the key,
+        // (20 s, 0) is a new key.
+        let total = u64::from(!within);
+        assert_eq!(
+            last.state_operators[0].num_rows_total, total,
+            "within={within}"
+        );
+        // 3 s is behind the watermark: dropped, not deduplicated.
+        stream.push(events(&[3, 22])).unwrap();
+        q.process_all_available().await.unwrap();
+        let dropped: u64 = q
+            .recent_progress()
+            .iter()
+            .flat_map(|p| {
+                p.state_operators
+                    .iter()
+                    .map(|o| o.num_rows_dropped_by_watermark)
+            })
+            .sum();
+        assert_eq!(dropped, 1, "within={within}");
+        let name = &last.state_operators[0].operator_name;
+        assert_eq!(
+            name,
+            if within {
+                "dedupeWithinWatermark"
+            } else {
+                "dedupe"
+            }
+        );
+        // 22 s (k 0) is new either way: within the watermark k 0 was forgotten at 15 s.
+        let all: Vec<i64> = (0..10).flat_map(|b| first_column(&outputs, b)).collect();
+        if within {
+            assert_eq!(all, vec![1000, 2000, 22000]);
+        } else {
+            assert_eq!(all, vec![1000, 2000, 20000, 22000]);
+        }
+        q.stop().await;
+    }
+}

@@ -17,7 +17,7 @@ use weir_common::{Location, Options};
 use weir_planner::sink_table::{FileSinkTable, ManifestAwareTableFactory};
 use weir_planner::{
     StreamCatalog, StreamRelationPlanner, StreamingTable, check_streaming_plan,
-    has_streaming_aggregation, is_streaming, streaming_tables, with_fresh_streaming_tables,
+    has_stateful_operator, is_streaming, streaming_tables, with_fresh_streaming_tables,
 };
 use weir_sinks::{
     FileSink, ForeachBatchFn, ForeachBatchSink, MemorySink, OutputMode, Sink, SinkRegistry,
@@ -259,9 +259,30 @@ pub trait DataFrameStreamExt {
     /// Declares `column` (a timestamp) as this stream's event time, with `delay` (e.g. `"10
     /// seconds"`) of lateness allowed (Spark's `withWatermark`).
     fn with_watermark(self, column: &str, delay: &str) -> Result<DataFrame>;
+
+    /// Keeps the first row of each value of `columns` (every column when empty), across
+    /// batches (Spark's `dropDuplicates`). With the watermarked column among them, the
+    /// watermark bounds the state.
+    fn drop_duplicates(self, columns: &[&str]) -> Result<DataFrame>;
+
+    /// As `drop_duplicates`, forgetting a key once the watermark passes its first event time
+    /// plus the delay (Spark's `dropDuplicatesWithinWatermark`); needs a watermark.
+    fn drop_duplicates_within_watermark(self, columns: &[&str]) -> Result<DataFrame>;
 }
 
 impl DataFrameStreamExt for DataFrame {
+    fn drop_duplicates(self, columns: &[&str]) -> Result<DataFrame> {
+        let (state, plan) = self.into_parts();
+        let plan = weir_planner::dedupe::drop_duplicates(plan, columns)?;
+        Ok(DataFrame::new(state, plan))
+    }
+
+    fn drop_duplicates_within_watermark(self, columns: &[&str]) -> Result<DataFrame> {
+        let (state, plan) = self.into_parts();
+        let plan = weir_planner::dedupe::drop_duplicates_within_watermark(plan, columns)?;
+        Ok(DataFrame::new(state, plan))
+    }
+
     fn with_watermark(self, column: &str, delay: &str) -> Result<DataFrame> {
         let (state, plan) = self.into_parts();
         let plan = weir_planner::watermark::with_watermark(plan, column, delay)?;
@@ -465,9 +486,10 @@ impl DataStreamWriter {
                  source with read_stream() or FROM STREAM ..., or run it as a batch query.",
             ));
         }
-        check_streaming_plan(&self.plan, self.output_mode)?;
-        let stateful = has_streaming_aggregation(&self.plan);
-        let plan = with_fresh_streaming_tables(self.plan)?;
+        let plan = weir_planner::dedupe::rewrite_distinct_on(self.plan)?;
+        check_streaming_plan(&plan, self.output_mode)?;
+        let stateful = has_stateful_operator(&plan);
+        let plan = with_fresh_streaming_tables(plan)?;
         let state = inner.ctx.state();
         // Optimized here only to find errors before anything starts; each batch optimizes the
         // plan again with its own batch time, so now() is the batch's time, as in Spark.

@@ -176,6 +176,14 @@ fn every_aggregation_has_event_time_key(plan: &LogicalPlan) -> bool {
     all
 }
 
+/// Whether `plan` needs state across batches: a streaming aggregation or deduplication.
+pub fn has_stateful_operator(plan: &LogicalPlan) -> bool {
+    has_streaming_aggregation(plan)
+        || plan
+            .exists(|n| Ok(crate::dedupe::DeduplicateNode::of(n).is_some() && is_streaming(n)))
+            .unwrap_or(false)
+}
+
 /// Refuses what a streaming query cannot do in output mode `mode`. `plan` must read at least
 /// one stream.
 pub fn check_streaming_plan(plan: &LogicalPlan, mode: OutputMode) -> Result<(), ClassifiedError> {
@@ -243,12 +251,10 @@ pub fn check_streaming_plan(plan: &LogicalPlan, mode: OutputMode) -> Result<(), 
                  aggregation in complete output mode). Sort when you read the sink's output."
                     .into(),
             )),
+            // weir rewrites DISTINCT ON over a stream to deduplication before this check.
             LogicalPlan::Distinct(Distinct::On(_)) => Some(refuse(
                 "UNSUPPORTED_STREAMING_OPERATION.DISTINCT_ON",
-                "SELECT DISTINCT ON over a stream (deduplication) is not supported yet. Use \
-                 GROUP BY with an aggregate in update or complete mode, or deduplicate the \
-                 sink's output in a batch query."
-                    .into(),
+                "This SELECT DISTINCT ON could not be turned into streaming deduplication.".into(),
             )),
             node if is_aggregation(node) => check_aggregation(node),
             LogicalPlan::Window(_) => Some(ClassifiedError::new(

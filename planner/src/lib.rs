@@ -11,11 +11,13 @@
 //! - [`analysis`]: which scans are streaming, and which operations a streaming plan may not
 //!   contain (refused before anything runs).
 //! - [`sink_table`]: reading a weir file sink's output directory through its manifest.
+//! - [`dedupe`]: streaming deduplication (`DISTINCT ON`, `drop_duplicates`).
 //! - [`watermark`]: the event-time watermark node (`WATERMARK col DELAY OF ...`,
 //!   `with_watermark`).
 //! - [`window`]: the `window()` time-window function.
 
 pub mod analysis;
+pub mod dedupe;
 pub mod relation;
 pub mod sink_table;
 pub mod statement;
@@ -25,8 +27,8 @@ pub mod watermark;
 pub mod window;
 
 pub use analysis::{
-    check_streaming_plan, has_streaming_aggregation, is_streaming, streaming_tables,
-    with_fresh_streaming_tables,
+    check_streaming_plan, has_stateful_operator, has_streaming_aggregation, is_streaming,
+    streaming_tables, with_fresh_streaming_tables,
 };
 pub use relation::{StreamCatalog, StreamRelationPlanner};
 pub use stream_scan::StreamScanExec;

@@ -18,9 +18,8 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Instant;
 
-use arrow::array::{Array, ArrayRef, Int64Array, RecordBatch, StructArray, UInt32Array};
+use arrow::array::{Array, ArrayRef, Int64Array, RecordBatch, StructArray};
 use arrow::buffer::NullBuffer;
-use arrow::compute::take_record_batch;
 use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use arrow::row::{RowConverter, SortField};
 use datafusion::common::tree_node::TreeNodeRecursion;
@@ -36,24 +35,19 @@ use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use datafusion::physical_plan::{
     DisplayAs, DisplayFormatType, ExecutionPlan, Partitioning, PhysicalExpr, PlanProperties,
-    collect_partitioned,
 };
 use tokio::sync::OnceCell;
 use weir_common::ClassifiedError;
 use weir_sinks::OutputMode;
-use weir_state::{KeyRange, StoreId, WriteBatch, key_partition};
+use weir_state::{KeyRange, StoreId, WriteBatch};
 
 use super::watermark::event_micros;
-use super::{BatchState, OperatorInfo, watermark_columns};
+use super::{BatchState, OperatorInfo, event_time_bound, state_error, watermark_columns};
 use crate::progress::StateOperatorProgress;
 
 const STORE: &str = "default";
 /// The stored key's leading event-time column, when the aggregation has a watermarked key.
 const EVENT_TIME: &str = "__event_time_us";
-
-fn state_error(e: weir_state::Error) -> DataFusionError {
-    DataFusionError::External(Box::new(ClassifiedError::from(e)))
-}
 
 /// A physical expression as text without column positions (`value@0 % 10` → `value % 10`), so
 /// the fingerprint survives projection changes.
@@ -148,17 +142,6 @@ fn event_times(key: EventTimeKey, batch: &RecordBatch) -> Result<Int64Array> {
     // A null window has no end, whatever its field holds.
     let nulls = NullBuffer::union(outer.as_ref(), micros.nulls());
     Ok(Int64Array::new(micros.values().clone(), nulls))
-}
-
-/// The first bytes of every stored key whose event time is at or before `micros`' successor.
-fn event_time_bound(micros: i64) -> Result<Vec<u8>> {
-    let converter = RowConverter::new(vec![SortField::new(DataType::Int64)])?;
-    let column: ArrayRef = Arc::new(Int64Array::from(vec![micros]));
-    Ok(converter
-        .convert_columns(&[column])?
-        .row(0)
-        .as_ref()
-        .to_vec())
 }
 
 struct Inner {
@@ -399,33 +382,16 @@ impl Inner {
 
     /// Reads every input partition's partial rows and splits them by shuffle partition.
     async fn shuffle(&self, context: Arc<TaskContext>) -> Result<Vec<Vec<RecordBatch>>> {
-        let partitions = self.batch.run()?.partitions;
-        let input = collect_partitioned(Arc::clone(&self.partial), context).await?;
         let group_fields = self.key_fields[usize::from(self.event_time.is_some())..].to_vec();
-        let converter = RowConverter::new(group_fields)?;
-        let mut out = vec![vec![]; partitions];
-        for batch in input.into_iter().flatten() {
-            if batch.num_rows() == 0 {
-                continue;
-            }
-            let mut indices = vec![vec![]; partitions];
-            if self.num_group == 0 {
-                indices[key_partition(&[], partitions)] = (0..batch.num_rows() as u32).collect();
-            } else {
-                let rows = converter.convert_columns(&batch.columns()[..self.num_group])?;
-                for (i, row) in rows.iter().enumerate() {
-                    indices[key_partition(row.as_ref(), partitions)].push(i as u32);
-                }
-            }
-            for (p, ix) in indices.into_iter().enumerate() {
-                if ix.len() == batch.num_rows() {
-                    out[p].push(batch.clone());
-                } else if !ix.is_empty() {
-                    out[p].push(take_record_batch(&batch, &UInt32Array::from(ix))?);
-                }
-            }
-        }
-        Ok(out)
+        let keys: Vec<usize> = (0..self.num_group).collect();
+        super::shuffle(
+            Arc::clone(&self.partial),
+            context,
+            &keys,
+            group_fields,
+            self.batch.run()?.partitions,
+        )
+        .await
     }
 
     /// Merges partition `partition`'s partial rows with its stored state, writes the new state,

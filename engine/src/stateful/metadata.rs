@@ -29,6 +29,21 @@ pub(crate) struct OperatorInfo {
     pub(crate) fingerprint: Vec<String>,
 }
 
+impl OperatorInfo {
+    /// Holds an operator's ID while the operators below it are planned.
+    pub(crate) fn placeholder() -> Self {
+        Self {
+            operator_id: 0,
+            operator_name: String::new(),
+            num_partitions: 0,
+            store_names: vec![],
+            key_schema: Schema::empty(),
+            value_schema: Schema::empty(),
+            fingerprint: vec![],
+        }
+    }
+}
+
 /// The checkpoint's record of the query's stateful operators, written before the first batch
 /// that uses state.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

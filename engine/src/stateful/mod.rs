@@ -10,6 +10,7 @@
 //! progress record.
 
 mod aggregate;
+mod dedupe;
 mod metadata;
 mod watermark;
 
@@ -85,6 +86,64 @@ impl Drop for ScratchDir {
             let _ = std::fs::remove_dir_all(d);
         }
     }
+}
+
+fn state_error(e: weir_state::Error) -> datafusion::error::DataFusionError {
+    datafusion::error::DataFusionError::External(Box::new(weir_common::ClassifiedError::from(e)))
+}
+
+/// The first bytes of every stored key whose leading event time (Int64 microseconds) is below
+/// `micros`: the bound of a watermark eviction's range scan.
+fn event_time_bound(micros: i64) -> Result<Vec<u8>> {
+    use arrow::row::{RowConverter, SortField};
+    let converter = RowConverter::new(vec![SortField::new(arrow::datatypes::DataType::Int64)])?;
+    let column: arrow::array::ArrayRef = Arc::new(arrow::array::Int64Array::from(vec![micros]));
+    Ok(converter
+        .convert_columns(&[column])?
+        .row(0)
+        .as_ref()
+        .to_vec())
+}
+
+/// The exchange of a stateful operator: runs `input` over all its partitions and splits its
+/// rows by `key_partition` of the arrow-row encoding of columns `keys` (typed `fields`) into
+/// `partitions` buckets, keeping each bucket's rows in arrival order.
+async fn shuffle(
+    input: Arc<dyn ExecutionPlan>,
+    context: Arc<datafusion::execution::TaskContext>,
+    keys: &[usize],
+    fields: Vec<arrow::row::SortField>,
+    partitions: usize,
+) -> Result<Vec<Vec<arrow::array::RecordBatch>>> {
+    use arrow::array::UInt32Array;
+    use arrow::compute::take_record_batch;
+    let collected = datafusion::physical_plan::collect_partitioned(input, context).await?;
+    let converter = arrow::row::RowConverter::new(fields)?;
+    let mut out = vec![vec![]; partitions];
+    for batch in collected.into_iter().flatten() {
+        if batch.num_rows() == 0 {
+            continue;
+        }
+        let mut indices = vec![vec![]; partitions];
+        if keys.is_empty() {
+            indices[weir_state::key_partition(&[], partitions)] =
+                (0..batch.num_rows() as u32).collect();
+        } else {
+            let columns: Vec<_> = keys.iter().map(|&k| Arc::clone(batch.column(k))).collect();
+            let rows = converter.convert_columns(&columns)?;
+            for (i, row) in rows.iter().enumerate() {
+                indices[weir_state::key_partition(row.as_ref(), partitions)].push(i as u32);
+            }
+        }
+        for (p, ix) in indices.into_iter().enumerate() {
+            if ix.len() == batch.num_rows() {
+                out[p].push(batch.clone());
+            } else if !ix.is_empty() {
+                out[p].push(take_record_batch(&batch, &UInt32Array::from(ix))?);
+            }
+        }
+    }
+    Ok(out)
 }
 
 /// What every batch of one query run shares: the state backend, the partition count fixed by
@@ -273,6 +332,18 @@ fn rewrite(
             attached, children,
         );
     }
+    if let Some(d) = plan.downcast_ref::<dedupe::DedupeExec>()
+        && StreamScanExec::is_below(&plan)
+    {
+        let id = operators.len() as u32;
+        operators.push(OperatorInfo::placeholder());
+        let input = rewrite(Arc::clone(d.children()[0]), batch, operators, watermarks)?;
+        let exec = d.attach(input, id, Arc::clone(batch))?;
+        if let Some(info) = exec.info() {
+            operators[id as usize] = info.clone();
+        }
+        return Ok(Arc::new(exec));
+    }
     if let Some(agg) = plan.downcast_ref::<AggregateExec>()
         && !matches!(
             agg.mode(),
@@ -281,8 +352,9 @@ fn rewrite(
         && StreamScanExec::is_below(&plan)
     {
         let id = operators.len() as u32;
-        // Nothing below it keeps state (a second streaming aggregation is refused at start),
-        // but its watermarks record event times.
+        operators.push(OperatorInfo::placeholder());
+        // Below it: watermarks that record event times, and maybe a deduplication (a second
+        // streaming aggregation is refused at start).
         let input = rewrite(Arc::clone(agg.input()), batch, operators, watermarks)?;
         let agg = AggregateExec::try_new(
             *agg.mode(),
@@ -293,7 +365,7 @@ fn rewrite(
             agg.input_schema(),
         )?;
         let exec = StatefulAggregateExec::try_new(&agg, id, Arc::clone(batch))?;
-        operators.push(exec.info().clone());
+        operators[id as usize] = exec.info().clone();
         return Ok(Arc::new(exec));
     }
     let children = plan

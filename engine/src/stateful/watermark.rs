@@ -20,6 +20,7 @@ use datafusion::physical_plan::{
 };
 use datafusion::physical_planner::{DefaultPhysicalPlanner, ExtensionPlanner, PhysicalPlanner};
 use futures::StreamExt;
+use weir_planner::dedupe::DeduplicateNode;
 use weir_planner::watermark::WatermarkNode;
 
 use super::BatchState;
@@ -172,6 +173,7 @@ impl ExecutionPlan for WatermarkExec {
     }
 }
 
+/// Plans weir's logical nodes: watermarks and deduplication.
 struct WatermarkPlanner;
 
 #[async_trait]
@@ -185,17 +187,25 @@ impl ExtensionPlanner for WatermarkPlanner {
         _session: &dyn datafusion::catalog::Session,
         _ctx: &datafusion::logical_expr::physical_planning_context::PhysicalPlanningContext,
     ) -> Result<Option<Arc<dyn ExecutionPlan>>> {
-        let Some(w) = node.as_any().downcast_ref::<WatermarkNode>() else {
+        let [input] = physical_inputs else {
             return Ok(None);
         };
-        let [input] = physical_inputs else {
-            return Err(DataFusionError::Internal("watermark without input".into()));
-        };
-        Ok(Some(Arc::new(WatermarkExec::try_new(
-            Arc::clone(input),
-            &w.column.name,
-            w.delay_ms,
-        )?)))
+        if let Some(w) = node.as_any().downcast_ref::<WatermarkNode>() {
+            return Ok(Some(Arc::new(WatermarkExec::try_new(
+                Arc::clone(input),
+                &w.column.name,
+                w.delay_ms,
+            )?)));
+        }
+        if let Some(d) = node.as_any().downcast_ref::<DeduplicateNode>() {
+            let keys: Vec<String> = d.keys.iter().map(|k| k.name.clone()).collect();
+            return Ok(Some(Arc::new(super::dedupe::DedupeExec::try_new(
+                Arc::clone(input),
+                &keys,
+                d.within_watermark,
+            )?)));
+        }
+        Ok(None)
     }
 }
 
