@@ -264,3 +264,76 @@ async fn killed_at_every_stage_a_windowed_aggregation_emits_every_window_once_an
         );
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killed_at_every_stage_a_deduplication_keeps_each_key_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("out");
+    let ck = dir.path().join("ck");
+    let (out, ck) = (out.to_str().unwrap(), ck.to_str().unwrap());
+    // Key value / 3: three consecutive values per key, and a batch of 50 splits some keys, so
+    // a key's later rows meet its stored first row in the next batch.
+    let sql = format!(
+        "CREATE STREAMING TABLE firsts USING parquet LOCATION '{out}' AS \
+         SELECT DISTINCT ON (k) k, value FROM (SELECT value / 3 AS k, value \
+         FROM STREAM rate_micro_batch(rowsPerBatch => {ROWS_PER_BATCH}, numPartitions => 2))"
+    );
+    let stages: Vec<&str> = STAGES.iter().copied().collect();
+    let mut kills = 0;
+    for i in 0..21u64 {
+        run_and_kill_at(&sql, ck, stages[i as usize % stages.len()], i + 1);
+        kills += 1;
+    }
+    assert!(kills >= 20);
+    let status = weir(&sql, ck, &["--max-batches", "2"]).status().unwrap();
+    assert!(status.success());
+    let committed = std::fs::read_dir(format!("{ck}/commits")).unwrap().count() as i64;
+
+    let session = WeirSession::new();
+    session
+        .context()
+        .sql(&format!(
+            "CREATE EXTERNAL TABLE firsts STORED AS PARQUET LOCATION '{out}'"
+        ))
+        .await
+        .unwrap();
+    let r = session
+        .sql(
+            "SELECT count(*), count(DISTINCT k), min(k), max(k), \
+             sum(CASE WHEN value / 3 = k THEN 1 ELSE 0 END) FROM firsts",
+        )
+        .await
+        .unwrap();
+    let StatementResult::Rows(rows) = r else {
+        panic!("expected rows")
+    };
+    let get = |i: usize| {
+        rows[0]
+            .column(i)
+            .as_any()
+            .downcast_ref::<Int64Array>()
+            .unwrap()
+            .value(0)
+    };
+    // The checkpoint keeps the newest batches only; the last one committed is the highest.
+    let last = std::fs::read_dir(format!("{ck}/commits"))
+        .unwrap()
+        .map(|e| {
+            e.unwrap()
+                .file_name()
+                .to_string_lossy()
+                .parse::<i64>()
+                .unwrap()
+        })
+        .max()
+        .unwrap();
+    assert!(committed >= 1);
+    let values = (last + 1) * ROWS_PER_BATCH;
+    let keys = (values - 1) / 3 + 1;
+    assert_eq!(get(0), keys, "one row per key");
+    assert_eq!(get(1), keys, "no key twice");
+    assert_eq!((get(2), get(3)), (0, keys - 1), "no key missing");
+    // Which of a key's rows is first depends on the order partitions are read in (as in Spark),
+    // but it is always one of the key's own rows.
+    assert_eq!(get(4), keys, "each row under its own key");
+}
