@@ -92,13 +92,24 @@ fn workload_sql(cfg: &BenchConfig) -> Result<String> {
                  FROM (SELECT timestamp, value, value % 100000 AS k FROM {src})"
             ),
         )),
+        "q5" => Ok(table(
+            "append",
+            format!(
+                "SELECT l.value AS lk, l.timestamp AS lt, r.value AS rk, r.timestamp AS rt \
+                 FROM {src} WATERMARK timestamp DELAY OF INTERVAL 2 SECONDS AS l \
+                 JOIN {src} WATERMARK timestamp DELAY OF INTERVAL 2 SECONDS AS r \
+                 ON l.value = r.value \
+                 AND r.timestamp BETWEEN l.timestamp - INTERVAL 1 SECOND AND l.timestamp + INTERVAL 1 SECOND"
+            ),
+        )),
         other => Err(Error::user(
             "UNKNOWN_BENCH_WORKLOAD",
             "42601",
             format!(
                 "Unknown workload '{other}'. Available: q1 (filter and projection), q2 (GROUP BY \
                  value % 1000, update), q3 (10-second windows with a watermark, append), q4 \
-                 (deduplication on value % 100000); q5 needs stream-stream joins."
+                 (deduplication on value % 100000), q5 (stream-stream inner join with \
+                 watermarks and a time range; run it with --rows-per-batch 100000 as Spark's)."
             ),
         )),
     }

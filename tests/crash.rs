@@ -278,7 +278,7 @@ async fn killed_at_every_stage_a_deduplication_keeps_each_key_once() {
          SELECT DISTINCT ON (k) k, value FROM (SELECT value / 3 AS k, value \
          FROM STREAM rate_micro_batch(rowsPerBatch => {ROWS_PER_BATCH}, numPartitions => 2))"
     );
-    let stages: Vec<&str> = STAGES.iter().copied().collect();
+    let stages: Vec<&str> = STAGES.to_vec();
     let mut kills = 0;
     for i in 0..21u64 {
         run_and_kill_at(&sql, ck, stages[i as usize % stages.len()], i + 1);

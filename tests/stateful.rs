@@ -859,3 +859,106 @@ async fn dedupe_with_event_time_among_the_keys_and_within_the_watermark_forgets_
         q.stop().await;
     }
 }
+
+/// `(key, left seconds, right seconds)` rows of a join's outputs, sorted; NULL as -1.
+fn join_rows(outputs: &Outputs) -> Vec<(i64, i64, i64)> {
+    let all = outputs.lock().unwrap();
+    let mut out = vec![];
+    for b in all.values().flatten() {
+        let get = |i: usize| {
+            let c = cast(b.column(i), &DataType::Int64).unwrap();
+            c.as_any().downcast_ref::<Int64Array>().unwrap().clone()
+        };
+        let (k, l, r) = (get(0), get(1), get(2));
+        for i in 0..b.num_rows() {
+            let secs = |a: &Int64Array| if a.is_null(i) { -1 } else { a.value(i) / 1000 };
+            out.push((k.value(i), secs(&l), secs(&r)));
+        }
+    }
+    out.sort_unstable();
+    out
+}
+
+#[tokio::test]
+async fn a_stream_stream_join_matches_rows_across_batches_and_pads_unmatched_outer_rows() {
+    use weir::DataFrameStreamExt;
+    for join in ["JOIN", "LEFT JOIN", "RIGHT JOIN", "FULL JOIN"] {
+        let session = WeirSession::new();
+        let lefts = MemoryStream::new("lefts", events_schema());
+        let rights = MemoryStream::new("rights", events_schema());
+        session.register_memory_stream(&lefts);
+        session.register_memory_stream(&rights);
+        for (name, view) in [("lefts", "lw"), ("rights", "rw")] {
+            let df = session
+                .read_stream()
+                .table(name)
+                .unwrap()
+                .with_watermark("ts", "2 seconds")
+                .unwrap();
+            session
+                .context()
+                .register_table(view, df.into_view())
+                .unwrap();
+        }
+        let sql = format!(
+            "SELECT coalesce(l.k, r.k) AS k, l.ts AS lt, r.ts AS rt FROM lw l {join} rw r \
+             ON l.k = r.k AND r.ts BETWEEN l.ts - INTERVAL 1 SECOND AND l.ts + INTERVAL 1 SECOND"
+        );
+        let df = session.context().sql(&sql).await.unwrap();
+        let outputs: Outputs = Arc::default();
+        let sink = Arc::clone(&outputs);
+        let ck = tempfile::tempdir().unwrap();
+        let q = session
+            .write_stream(df)
+            .checkpoint_location(ck.path().to_str().unwrap())
+            .foreach_batch(move |id, batches| {
+                let sink = Arc::clone(&sink);
+                async move {
+                    sink.lock().unwrap().insert(id, batches);
+                    Ok(())
+                }
+            })
+            .start()
+            .await
+            .unwrap_or_else(|e| panic!("{join}: {e}"));
+        // k = seconds % 2. 10 s meets 10 s; 11 s and 13 s are too far apart.
+        lefts.push(events(&[10, 11])).unwrap();
+        rights.push(events(&[10, 13])).unwrap();
+        q.process_all_available().await.unwrap();
+        // A new right row meets a stored left row: 11 s and 11 s.
+        lefts.push(events(&[12])).unwrap();
+        rights.push(events(&[11])).unwrap();
+        q.process_all_available().await.unwrap();
+        let inner = vec![(0, 10, 10), (1, 11, 11)];
+        assert_eq!(join_rows(&outputs), inner, "{join}");
+        // 20 s on both sides moves the watermark to 18 s: left rows up to 17 s can no longer
+        // match and leave state; outer joins emit those that never matched with nulls: left
+        // 12 s, right 13 s.
+        lefts.push(events(&[20])).unwrap();
+        rights.push(events(&[20])).unwrap();
+        q.process_all_available().await.unwrap();
+        let mut expected = inner.clone();
+        expected.push((0, 20, 20));
+        if join == "LEFT JOIN" || join == "FULL JOIN" {
+            expected.push((0, 12, -1));
+        }
+        if join == "RIGHT JOIN" || join == "FULL JOIN" {
+            expected.push((1, -1, 13));
+        }
+        expected.sort_unstable();
+        assert_eq!(join_rows(&outputs), expected, "{join}");
+        let removed: u64 = q
+            .recent_progress()
+            .iter()
+            .flat_map(|p| p.state_operators.iter().map(|o| o.num_rows_removed))
+            .sum();
+        assert_eq!(removed, 6, "{join}: three rows per side left state");
+        let last = q.last_progress().unwrap();
+        assert_eq!(last.state_operators[0].operator_name, "streamStreamJoin");
+        assert_eq!(
+            last.state_operators[0].num_rows_total, 2,
+            "{join}: the 20 s rows stay"
+        );
+        q.stop().await;
+    }
+}

@@ -180,7 +180,11 @@ fn every_aggregation_has_event_time_key(plan: &LogicalPlan) -> bool {
 pub fn has_stateful_operator(plan: &LogicalPlan) -> bool {
     has_streaming_aggregation(plan)
         || plan
-            .exists(|n| Ok(crate::dedupe::DeduplicateNode::of(n).is_some() && is_streaming(n)))
+            .exists(|n| {
+                Ok((crate::dedupe::DeduplicateNode::of(n).is_some()
+                    || crate::join::StreamJoinNode::of(n).is_some())
+                    && is_streaming(n))
+            })
             .unwrap_or(false)
 }
 
@@ -207,6 +211,18 @@ pub fn check_streaming_plan(plan: &LogicalPlan, mode: OutputMode) -> Result<(), 
                  watermark on the event-time column (WATERMARK col DELAY OF INTERVAL ..., or \
                  with_watermark) and group by it or by window(col, ...); or use update mode \
                  (each batch emits the groups it changed) or complete mode (the whole result).",
+            ));
+        }
+        OutputMode::Update | OutputMode::Complete
+            if plan
+                .exists(|n| Ok(crate::join::StreamJoinNode::of(n).is_some()))
+                .unwrap_or(false) =>
+        {
+            return Err(ClassifiedError::new(
+                "STREAMING_OUTPUT_MODE.UNSUPPORTED_OPERATION",
+                "42KDE",
+                "A join of two streams emits each joined row once, so it runs in append output \
+                 mode only (as in Spark).",
             ));
         }
         _ => {}
@@ -282,10 +298,10 @@ pub fn check_streaming_plan(plan: &LogicalPlan, mode: OutputMode) -> Result<(), 
             LogicalPlan::Join(j) => {
                 let (l, r) = (is_streaming(&j.left), is_streaming(&j.right));
                 if l && r {
+                    // weir rewrites joins of two streams before this check.
                     Some(refuse(
                         "UNSUPPORTED_STREAMING_OPERATION.STREAM_STREAM_JOIN",
-                        "Joining two streams needs the stateful stream-stream join, which this \
-                         version of weir does not have yet. Join a stream with a static table."
+                        "This join of two streams could not be planned as a stream-stream join."
                             .into(),
                     ))
                 } else {

@@ -12,12 +12,14 @@
 //!   contain (refused before anything runs).
 //! - [`sink_table`]: reading a weir file sink's output directory through its manifest.
 //! - [`dedupe`]: streaming deduplication (`DISTINCT ON`, `drop_duplicates`).
+//! - [`join`]: joins of two streams, and the event-time range their condition implies.
 //! - [`watermark`]: the event-time watermark node (`WATERMARK col DELAY OF ...`,
 //!   `with_watermark`).
 //! - [`window`]: the `window()` time-window function.
 
 pub mod analysis;
 pub mod dedupe;
+pub mod join;
 pub mod relation;
 pub mod sink_table;
 pub mod statement;

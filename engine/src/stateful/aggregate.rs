@@ -51,7 +51,7 @@ const EVENT_TIME: &str = "__event_time_us";
 
 /// A physical expression as text without column positions (`value@0 % 10` → `value % 10`), so
 /// the fingerprint survives projection changes.
-fn without_positions(text: &str) -> String {
+pub(super) fn without_positions(text: &str) -> String {
     let mut out = String::with_capacity(text.len());
     let mut chars = text.chars().peekable();
     while let Some(c) = chars.next() {

@@ -11,6 +11,7 @@
 
 mod aggregate;
 mod dedupe;
+mod join;
 mod metadata;
 mod watermark;
 
@@ -339,6 +340,18 @@ fn rewrite(
         operators.push(OperatorInfo::placeholder());
         let input = rewrite(Arc::clone(d.children()[0]), batch, operators, watermarks)?;
         let exec = d.attach(input, id, Arc::clone(batch))?;
+        if let Some(info) = exec.info() {
+            operators[id as usize] = info.clone();
+        }
+        return Ok(Arc::new(exec));
+    }
+    if let Some(j) = plan.downcast_ref::<join::StreamJoinExec>() {
+        let id = operators.len() as u32;
+        operators.push(OperatorInfo::placeholder());
+        let [l, r] = j.inputs();
+        let left = rewrite(Arc::clone(l), batch, operators, watermarks)?;
+        let right = rewrite(Arc::clone(r), batch, operators, watermarks)?;
+        let exec = j.attach(left, right, id, Arc::clone(batch))?;
         if let Some(info) = exec.info() {
             operators[id as usize] = info.clone();
         }

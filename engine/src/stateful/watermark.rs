@@ -21,6 +21,7 @@ use datafusion::physical_plan::{
 use datafusion::physical_planner::{DefaultPhysicalPlanner, ExtensionPlanner, PhysicalPlanner};
 use futures::StreamExt;
 use weir_planner::dedupe::DeduplicateNode;
+use weir_planner::join::StreamJoinNode;
 use weir_planner::watermark::WatermarkNode;
 
 use super::BatchState;
@@ -180,13 +181,44 @@ struct WatermarkPlanner;
 impl ExtensionPlanner for WatermarkPlanner {
     async fn plan_extension(
         &self,
-        _planner: &dyn PhysicalPlanner,
+        planner: &dyn PhysicalPlanner,
         node: &dyn UserDefinedLogicalNode,
-        _logical_inputs: &[&LogicalPlan],
+        logical_inputs: &[&LogicalPlan],
         physical_inputs: &[Arc<dyn ExecutionPlan>],
-        _session: &dyn datafusion::catalog::Session,
-        _ctx: &datafusion::logical_expr::physical_planning_context::PhysicalPlanningContext,
+        session: &dyn datafusion::catalog::Session,
+        ctx: &datafusion::logical_expr::physical_planning_context::PhysicalPlanningContext,
     ) -> Result<Option<Arc<dyn ExecutionPlan>>> {
+        if let (Some(j), [l, r], [left, right]) = (
+            node.as_any().downcast_ref::<StreamJoinNode>(),
+            logical_inputs,
+            physical_inputs,
+        ) {
+            let keys = |side: &LogicalPlan, exprs: Vec<&datafusion::logical_expr::Expr>| {
+                exprs
+                    .into_iter()
+                    .map(|e| planner.create_physical_expr(e, side.schema(), session, ctx))
+                    .collect::<Result<Vec<_>>>()
+            };
+            let left_keys = keys(l, j.on.iter().map(|(a, _)| a).collect())?;
+            let right_keys = keys(r, j.on.iter().map(|(_, b)| b).collect())?;
+            let filter = j
+                .filter
+                .as_ref()
+                .map(|f| planner.create_physical_expr(f, &j.schema, session, ctx))
+                .transpose()?;
+            return Ok(Some(Arc::new(super::join::StreamJoinExec::new(
+                super::join::Planned {
+                    left: Arc::clone(left),
+                    right: Arc::clone(right),
+                    left_keys,
+                    right_keys,
+                    filter,
+                    join_type: j.join_type,
+                    time_bound: j.time_bound.clone(),
+                    schema: Arc::new(j.schema.as_arrow().clone()),
+                },
+            ))));
+        }
         let [input] = physical_inputs else {
             return Ok(None);
         };
