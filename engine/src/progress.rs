@@ -159,6 +159,7 @@ mod tests {
             input_rows_per_second: 1.5,
             processed_rows_per_second: 2.5,
             duration_ms: BTreeMap::from([("triggerExecution".into(), 9)]),
+            event_time: BTreeMap::new(),
             state_operators: vec![],
             sources: vec![],
             sink: SinkProgress {
@@ -187,5 +188,37 @@ mod tests {
         }
         assert_eq!(v["timestamp"], "2026-12-02T13:52:24.668Z");
         assert_eq!(v["sink"]["numOutputRows"], 50);
+        // As Spark: eventTime only in queries with a watermark.
+        assert!(!keys.contains(&"eventTime"), "{keys:?}");
+        let mut with = p.clone();
+        with.event_time = BTreeMap::from([("watermark".into(), format_timestamp(0))]);
+        with.state_operators = vec![StateOperatorProgress {
+            operator_name: "aggregate".into(),
+            ..Default::default()
+        }];
+        let v: serde_json::Value = serde_json::from_str(&with.json()).unwrap();
+        assert_eq!(v["eventTime"]["watermark"], "1970-01-01T00:00:00.000Z");
+        let op: Vec<&str> = v["stateOperators"][0]
+            .as_object()
+            .unwrap()
+            .keys()
+            .map(|k| k.as_str())
+            .collect();
+        for k in [
+            "operatorName",
+            "numRowsTotal",
+            "numRowsUpdated",
+            "allUpdatesTimeMs",
+            "numRowsRemoved",
+            "allRemovalsTimeMs",
+            "commitTimeMs",
+            "memoryUsedBytes",
+            "numRowsDroppedByWatermark",
+            "numShufflePartitions",
+            "numStateStoreInstances",
+            "customMetrics",
+        ] {
+            assert!(op.contains(&k), "missing {k} in {op:?}");
+        }
     }
 }

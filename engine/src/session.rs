@@ -488,6 +488,7 @@ impl DataStreamWriter {
         }
         let plan = weir_planner::dedupe::rewrite_distinct_on(self.plan)?;
         let plan = weir_planner::join::rewrite_stream_joins(plan)?;
+        let plan = weir_planner::window::expand_sliding_windows(plan)?;
         check_streaming_plan(&plan, self.output_mode)?;
         let stateful = has_stateful_operator(&plan);
         let plan = with_fresh_streaming_tables(plan)?;

@@ -142,6 +142,9 @@ pub fn has_streaming_aggregation(plan: &LogicalPlan) -> bool {
 /// Whether `e` is a watermarked column, or `window(...)` over one.
 fn is_event_time_key(e: &Expr, watermarked: &[String]) -> bool {
     match e {
+        Expr::Column(c) if c.name == crate::window::SLIDING_WINDOW_COLUMN => {
+            !watermarked.is_empty()
+        }
         Expr::Column(c) => watermarked.contains(&c.name),
         Expr::Alias(a) => is_event_time_key(&a.expr, watermarked),
         Expr::ScalarFunction(f) if f.name() == "window" => {

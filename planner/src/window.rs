@@ -3,17 +3,21 @@
 //! windows aligned to `start` (an offset from the epoch, default 0).
 //!
 //! Durations are strings (`'10 seconds'`, `'1 minute'`) or intervals without months. Tumbling
-//! windows (no slide, or a slide equal to the width) are computed here; sliding windows, where a
-//! row falls into several windows, need the planner to expand rows and are refused for now.
+//! windows (no slide, or a slide equal to the width) are computed here. With a shorter slide a
+//! row falls into several windows: [`expand_sliding_windows`] rewrites a `GROUP BY window(...)`
+//! with a slide into an unnest of every window of each row (`__sliding_windows`), as Spark
+//! expands rows; elsewhere a sliding `window()` is refused.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use arrow::array::{Array, ArrayRef, StructArray, TimestampMicrosecondArray};
 use arrow::datatypes::{DataType, Field, Fields, TimeUnit};
+use datafusion::common::tree_node::{Transformed, TreeNode};
 use datafusion::common::{Result, ScalarValue, exec_err, plan_err};
 use datafusion::logical_expr::{
-    ColumnarValue, ScalarFunctionArgs, ScalarUDF, ScalarUDFImpl, Signature, Volatility,
+    ColumnarValue, Expr, LogicalPlan, LogicalPlanBuilder, ScalarFunctionArgs, ScalarUDF,
+    ScalarUDFImpl, Signature, Volatility,
 };
 
 /// The `window` scalar function.
@@ -111,8 +115,9 @@ impl ScalarUDFImpl for WindowFunction {
         }
         if slide != width {
             return plan_err!(
-                "window(): sliding windows (a slide shorter than the width) are not supported yet; \
-                 use a tumbling window (no slide)"
+                "window(): a sliding window (a slide shorter than the width) puts a row into \
+                 several windows, so it can only be a GROUP BY key; use it there, or a tumbling \
+                 window (no slide)"
             );
         }
         if start.abs() >= slide {
@@ -144,6 +149,177 @@ impl ScalarUDFImpl for WindowFunction {
         let out = StructArray::try_new(struct_fields(tz), columns, time.nulls().cloned())?;
         Ok(ColumnarValue::Array(Arc::new(out)))
     }
+}
+
+/// The column an expanded sliding window becomes.
+pub const SLIDING_WINDOW_COLUMN: &str = "__sliding_window";
+
+/// `__sliding_windows(time, width, slide[, start])`: every window containing the time, as a
+/// list of `{start, end}` structs (the expansion behind a sliding `window()`).
+#[derive(Debug, PartialEq, Eq, Hash)]
+pub struct SlidingWindowsFunction {
+    signature: Signature,
+}
+
+impl Default for SlidingWindowsFunction {
+    fn default() -> Self {
+        Self {
+            signature: Signature::variadic_any(Volatility::Immutable),
+        }
+    }
+}
+
+impl ScalarUDFImpl for SlidingWindowsFunction {
+    fn name(&self) -> &str {
+        "__sliding_windows"
+    }
+
+    fn signature(&self) -> &Signature {
+        &self.signature
+    }
+
+    fn return_type(&self, arg_types: &[DataType]) -> Result<DataType> {
+        match arg_types.first() {
+            Some(DataType::Timestamp(_, tz)) => Ok(DataType::List(Arc::new(Field::new(
+                "item",
+                DataType::Struct(struct_fields(tz.clone())),
+                true,
+            )))),
+            _ => plan_err!("window(): the time column must be a TIMESTAMP"),
+        }
+    }
+
+    fn invoke_with_args(&self, args: ScalarFunctionArgs) -> Result<ColumnarValue> {
+        let scalar = |i: usize, name: &str| match args.args.get(i) {
+            Some(ColumnarValue::Scalar(v)) => micros(name, v).map(Some),
+            Some(ColumnarValue::Array(_)) => plan_err!("window(): the {name} must be a constant"),
+            None => Ok(None),
+        };
+        let width = scalar(1, "width")?.unwrap_or(0);
+        let slide = scalar(2, "slide")?.unwrap_or(width);
+        let start = scalar(3, "start")?.unwrap_or(0);
+        if width <= 0 || slide <= 0 || slide > width {
+            return plan_err!(
+                "window(): the width and slide must be positive, the slide no longer than the width"
+            );
+        }
+        let DataType::Timestamp(_, tz) = args.args[0].data_type() else {
+            return exec_err!("window(): the time column must be a TIMESTAMP");
+        };
+        let time = args.args[0].to_array(args.number_rows)?;
+        let time = arrow::compute::cast(
+            &time,
+            &DataType::Timestamp(TimeUnit::Microsecond, tz.clone()),
+        )?;
+        let Some(time) = time.as_any().downcast_ref::<TimestampMicrosecondArray>() else {
+            return exec_err!("window(): cannot read the time column as microseconds");
+        };
+        // As Spark: every window start s with s <= t < s + width, aligned to the slide.
+        let mut offsets = vec![0i32];
+        let (mut starts, mut ends) = (vec![], vec![]);
+        for t in time.iter() {
+            if let Some(t) = t {
+                let last = t - (t - start).rem_euclid(slide);
+                let mut s = last;
+                let mut these = vec![];
+                while s + width > t {
+                    these.push(s);
+                    s -= slide;
+                }
+                for s in these.into_iter().rev() {
+                    starts.push(s);
+                    ends.push(s + width);
+                }
+            }
+            offsets.push(starts.len() as i32);
+        }
+        let starts = TimestampMicrosecondArray::from(starts).with_timezone_opt(tz.clone());
+        let ends = TimestampMicrosecondArray::from(ends).with_timezone_opt(tz.clone());
+        let windows = StructArray::try_new(
+            struct_fields(tz.clone()),
+            vec![Arc::new(starts) as ArrayRef, Arc::new(ends)],
+            None,
+        )?;
+        let list = arrow::array::ListArray::try_new(
+            Arc::new(Field::new(
+                "item",
+                DataType::Struct(struct_fields(tz)),
+                true,
+            )),
+            arrow::buffer::OffsetBuffer::new(offsets.into()),
+            Arc::new(windows),
+            time.nulls().cloned(),
+        )?;
+        Ok(ColumnarValue::Array(Arc::new(list)))
+    }
+}
+
+/// Whether `e` is a sliding `window(time, width, slide[, start])` call (slide != width).
+fn sliding_window_call(e: &Expr) -> Option<&datafusion::logical_expr::expr::ScalarFunction> {
+    let Expr::ScalarFunction(f) = e else {
+        return None;
+    };
+    if f.name() != "window" || f.args.len() < 3 {
+        return None;
+    }
+    let lit = |i: usize| match &f.args[i] {
+        Expr::Literal(v, _) => micros("width", v).ok(),
+        _ => None,
+    };
+    (lit(1)? != lit(2)?).then_some(f)
+}
+
+/// Rewrites each `GROUP BY window(time, width, slide)` with a slide shorter than the width so
+/// that every row is grouped into every window containing it: the aggregate's input gets the
+/// list of those windows, unnested into the column [`SLIDING_WINDOW_COLUMN`], which replaces the
+/// call as the grouping key (under the call's name, so the query's references still resolve).
+pub fn expand_sliding_windows(plan: LogicalPlan) -> Result<LogicalPlan> {
+    plan.transform_up(|node| {
+        let LogicalPlan::Aggregate(agg) = &node else {
+            return Ok(Transformed::no(node));
+        };
+        let Some((i, call)) = agg.group_expr.iter().enumerate().find_map(|(i, e)| {
+            let inner = match e {
+                Expr::Alias(a) => a.expr.as_ref(),
+                other => other,
+            };
+            sliding_window_call(inner).map(|f| (i, f))
+        }) else {
+            return Ok(Transformed::no(node));
+        };
+        let name = agg.group_expr[i].schema_name().to_string();
+        let expansion =
+            Expr::ScalarFunction(datafusion::logical_expr::expr::ScalarFunction::new_udf(
+                Arc::new(ScalarUDF::new_from_impl(SlidingWindowsFunction::default())),
+                call.args.clone(),
+            ))
+            .alias(SLIDING_WINDOW_COLUMN);
+        let mut columns: Vec<Expr> = agg
+            .input
+            .schema()
+            .columns()
+            .into_iter()
+            .map(Expr::Column)
+            .collect();
+        columns.push(expansion);
+        let input = LogicalPlanBuilder::from(agg.input.as_ref().clone())
+            .project(columns)?
+            // As Spark, a row without a time is in no sliding window.
+            .unnest_column_with_options(
+                SLIDING_WINDOW_COLUMN,
+                datafusion::common::UnnestOptions::new().with_preserve_nulls(false),
+            )?
+            .build()?;
+        let mut group = agg.group_expr.clone();
+        group[i] = datafusion::prelude::col(SLIDING_WINDOW_COLUMN).alias(name);
+        let rebuilt = datafusion::logical_expr::Aggregate::try_new(
+            Arc::new(input),
+            group,
+            agg.aggr_expr.clone(),
+        )?;
+        Ok(Transformed::yes(LogicalPlan::Aggregate(rebuilt)))
+    })
+    .map(|t| t.data)
 }
 
 #[cfg(test)]
@@ -197,6 +373,46 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_sliding_group_by_counts_each_row_in_every_window_containing_it() {
+        let ctx = SessionContext::new();
+        ctx.register_udf(window_udf());
+        let df = ctx
+            .sql(
+                "SELECT window(t, '10 seconds', '4 seconds', '1 second')['start'] AS s, count(*) AS n \
+                 FROM (VALUES (TIMESTAMP '1970-01-01 00:00:00'), (TIMESTAMP '1970-01-01 00:00:06'), \
+                              (NULL)) AS v(t) \
+                 GROUP BY window(t, '10 seconds', '4 seconds', '1 second')",
+            )
+            .await
+            .unwrap();
+        let (state, plan) = df.into_parts();
+        let plan = expand_sliding_windows(plan).unwrap();
+        let batches = datafusion::dataframe::DataFrame::new(state, plan)
+            .sort(vec![datafusion::prelude::col("s").sort(true, true)])
+            .unwrap()
+            .collect()
+            .await
+            .unwrap();
+        let out = arrow::util::pretty::pretty_format_batches(&batches)
+            .unwrap()
+            .to_string();
+        // Windows start at 1 + 4k s: 0 s is in [-7, 3), [-3, 7); 6 s in [-3, 7), [1, 11), [5, 15).
+        for (start, n) in [
+            ("1969-12-31T23:59:53", 1),
+            ("1969-12-31T23:59:57", 2),
+            ("1970-01-01T00:00:01", 1),
+            ("1970-01-01T00:00:05", 1),
+        ] {
+            assert!(out.contains(&format!("| {start} | {n} |")), "{out}");
+        }
+        assert_eq!(
+            batches.iter().map(|b| b.num_rows()).sum::<usize>(),
+            4,
+            "{out}"
+        );
+    }
+
+    #[tokio::test]
     async fn bad_arguments_are_plan_errors() {
         for (sql, says) in [
             ("SELECT window(1, '10 seconds')", "TIMESTAMP"),
@@ -204,7 +420,7 @@ mod tests {
             ("SELECT window(now(), INTERVAL '1' MONTH)", "months"),
             (
                 "SELECT window(now(), '10 seconds', '5 seconds')",
-                "sliding windows",
+                "sliding window",
             ),
             ("SELECT window(now())", "arguments"),
         ] {

@@ -107,6 +107,17 @@ fn event_time_key(
             .is_some_and(|c| watermarked.iter().any(|(w, _)| w == c.name()))
     };
     group.iter().enumerate().find_map(|(index, (e, _))| {
+        // An expanded sliding window (see the planner's window module), over a watermarked
+        // stream.
+        if !watermarked.is_empty()
+            && e.downcast_ref::<Column>()
+                .is_some_and(|c| c.name() == weir_planner::window::SLIDING_WINDOW_COLUMN)
+        {
+            return Some(EventTimeKey {
+                index,
+                window: true,
+            });
+        }
         if is_watermarked(e) {
             return Some(EventTimeKey {
                 index,

@@ -241,7 +241,7 @@ mod tests {
 
     fn class(r: Result<()>) -> String {
         match r {
-            Err(Error::User(e)) => e.error_class().to_string(),
+            Err(Error::User(e)) => e.class.to_string(),
             other => format!("{other:?}"),
         }
     }
