@@ -6,8 +6,10 @@
 //! right input ─┘
 //! partition p: new left rows L, new right rows R (late rows dropped by the watermark)
 //!   output  L ⋈ (stored right ∪ R)  ∪  stored left ⋈ R, then the rest of the condition
-//!   store   L and R: "<side>" key = join key ++ (batch, row), value = matched flag, event
-//!           time, the row; "<side>-time" = event time ++ that key, for eviction by range
+//!   store   L and R: "<side>" key = join key, value = the list of its rows (batch and row
+//!           number, matched flag, event time, row), read for all the batch's keys with one
+//!           multi_get; "<side>-time" = event time ++ join key ++ (batch, row), an index for
+//!           eviction by range and the row count
 //!   evict   left rows with time <= watermark - upper, right rows with time <= watermark +
 //!           lower (no future row of the other side can match them); an outer join emits the
 //!           evicted rows of its outer side that never matched, padded with nulls
@@ -278,41 +280,86 @@ struct SideRows {
     dropped: u64,
 }
 
-/// A stored row: its main key and decoded parts.
-struct Stored {
-    key: Vec<u8>,
+/// A stored row: its identity within its join key's list, and its parts.
+#[derive(Clone)]
+struct Entry {
+    /// Batch and row that stored it: unique within the store.
+    suffix: [u8; 12],
     matched: bool,
     time: i64,
     row: Vec<u8>,
 }
 
-fn decode_value(key: Vec<u8>, v: &[u8]) -> Option<Stored> {
-    let (&flag, rest) = v.split_first()?;
-    let (time, row) = rest.split_at_checked(8)?;
-    Some(Stored {
-        key,
-        matched: flag == 1,
-        time: i64::from_be_bytes(time.try_into().ok()?),
-        row: row.to_vec(),
-    })
+/// A join key's stored rows: `[suffix 12][matched 1][time 8][length 4][row]...`.
+fn decode_list(v: &[u8]) -> Option<Vec<Entry>> {
+    let mut rest = v;
+    let mut out = vec![];
+    while !rest.is_empty() {
+        let (suffix, r) = rest.split_at_checked(12)?;
+        let (&flag, r) = r.split_first()?;
+        let (time, r) = r.split_at_checked(8)?;
+        let (len, r) = r.split_at_checked(4)?;
+        let len = u32::from_be_bytes(len.try_into().ok()?) as usize;
+        let (row, r) = r.split_at_checked(len)?;
+        out.push(Entry {
+            suffix: suffix.try_into().ok()?,
+            matched: flag == 1,
+            time: i64::from_be_bytes(time.try_into().ok()?),
+            row: row.to_vec(),
+        });
+        rest = r;
+    }
+    Some(out)
 }
 
-fn encode_value(matched: bool, time: i64, row: &[u8]) -> Vec<u8> {
-    let mut v = Vec::with_capacity(9 + row.len());
-    v.push(u8::from(matched));
-    v.extend(time.to_be_bytes());
-    v.extend(row);
+fn encode_list(entries: &[Entry]) -> Vec<u8> {
+    let mut v = Vec::with_capacity(entries.iter().map(|e| 25 + e.row.len()).sum());
+    for e in entries {
+        v.extend(e.suffix);
+        v.push(u8::from(e.matched));
+        v.extend(e.time.to_be_bytes());
+        v.extend((e.row.len() as u32).to_be_bytes());
+        v.extend(&e.row);
+    }
     v
 }
 
-/// Keys sharing `prefix` (an encoded join key; arrow-row keys are prefix-free).
-fn prefix_range(prefix: &[u8]) -> KeyRange {
-    let mut end = prefix.to_vec();
-    end.push(0xff);
-    end.extend([0xff; 16]);
-    KeyRange {
-        start: std::ops::Bound::Included(prefix.to_vec()),
-        end: std::ops::Bound::Excluded(end),
+/// One side's stored lists that this batch read or changed, by join key.
+struct Lists {
+    lists: HashMap<Vec<u8>, Vec<Entry>>,
+    dirty: std::collections::HashSet<Vec<u8>>,
+}
+
+impl Lists {
+    /// Reads the lists of `keys` not read yet (one `multi_get`).
+    fn load(&mut self, store: &dyn StateStore, keys: &[&[u8]], name: &str) -> Result<()> {
+        let missing: Vec<&[u8]> = keys
+            .iter()
+            .copied()
+            .filter(|k| !self.lists.contains_key(*k))
+            .collect::<std::collections::HashSet<_>>()
+            .into_iter()
+            .collect();
+        let values = store.multi_get(&missing).map_err(state_error)?;
+        for (k, v) in missing.into_iter().zip(values) {
+            let entries = match v {
+                Some(v) => decode_list(&v).ok_or_else(|| corrupt(name))?,
+                None => vec![],
+            };
+            self.lists.insert(k.to_vec(), entries);
+        }
+        Ok(())
+    }
+
+    fn writes(&self) -> WriteBatch {
+        let mut w = WriteBatch::new();
+        for k in &self.dirty {
+            match self.lists.get(k) {
+                Some(l) if !l.is_empty() => w.put(k.clone(), encode_list(l)),
+                _ => w.delete(k.clone()),
+            }
+        }
+        w
     }
 }
 
@@ -390,28 +437,6 @@ impl Inner {
         })
     }
 
-    /// Stored rows of `store` with each key of `keys`, by key.
-    fn stored_by_key(
-        store: &dyn StateStore,
-        keys: &Rows,
-        name: &str,
-    ) -> Result<HashMap<Vec<u8>, Vec<Stored>>> {
-        let mut out: HashMap<Vec<u8>, Vec<Stored>> = HashMap::new();
-        for k in keys.iter() {
-            if out.contains_key(k.as_ref()) {
-                continue;
-            }
-            let rows = store
-                .scan(&prefix_range(k.as_ref()))
-                .map_err(state_error)?
-                .into_iter()
-                .map(|(key, v)| decode_value(key, &v).ok_or_else(|| corrupt(name)))
-                .collect::<Result<Vec<_>>>()?;
-            out.insert(k.as_ref().to_vec(), rows);
-        }
-        Ok(out)
-    }
-
     fn join_partition(
         &self,
         partition: usize,
@@ -430,12 +455,8 @@ impl Inner {
                 )
                 .map_err(state_error)
         };
-        let (mut ls, mut lt, mut rs, mut rt) = (
-            open("left")?,
-            open("left-time")?,
-            open("right")?,
-            open("right-time")?,
-        );
+        let (mut ls, mut lt, mut rs, mut rt) =
+            (open("left")?, open("left-time")?, open("right")?, open("right-time")?);
         let l = self.side_rows(&self.left, left_in, late_us)?;
         let r = self.side_rows(&self.right, right_in, late_us)?;
         let left_schema = self.left.input.schema();
@@ -443,55 +464,80 @@ impl Inner {
         let left_rows = RowConverter::new(row_fields(&left_schema))?;
         let right_rows = RowConverter::new(row_fields(&right_schema))?;
 
-        // Stored rows of the other side for each new key (before this batch's rows go in).
-        let stored_right = Self::stored_by_key(rs.as_ref(), &l.keys, "right")?;
-        let stored_left = Self::stored_by_key(ls.as_ref(), &r.keys, "left")?;
-        let flat_left: Vec<&Stored> = stored_left.values().flatten().collect();
-        let flat_right: Vec<&Stored> = stored_right.values().flatten().collect();
-        let decode =
-            |conv: &RowConverter, rows: &[&Stored], schema: &SchemaRef| -> Result<RecordBatch> {
-                if rows.is_empty() {
-                    return Ok(RecordBatch::new_empty(Arc::clone(schema)));
-                }
-                let parser = conv.parser();
-                let cols = conv.convert_rows(rows.iter().map(|s| parser.parse(&s.row)))?;
-                Ok(RecordBatch::try_new(Arc::clone(schema), cols)?)
-            };
-        let old_left = decode(&left_rows, &flat_left, &left_schema)?;
-        let old_right = decode(&right_rows, &flat_right, &right_schema)?;
-        let index_of = |flat: &[&Stored]| -> HashMap<*const Stored, usize> {
-            flat.iter()
-                .enumerate()
-                .map(|(i, s)| (*s as *const Stored, i))
-                .collect()
+        // Every key of the batch, on both sides: one multi_get per store.
+        let keys: Vec<&[u8]> = l.keys.iter().chain(r.keys.iter()).map(|k| k.data()).collect();
+        let mut left_lists = Lists {
+            lists: HashMap::new(),
+            dirty: Default::default(),
         };
-        let (li, ri) = (index_of(&flat_left), index_of(&flat_right));
+        let mut right_lists = Lists {
+            lists: HashMap::new(),
+            dirty: Default::default(),
+        };
+        left_lists.load(ls.as_ref(), &keys, "left")?;
+        right_lists.load(rs.as_ref(), &keys, "right")?;
 
-        // Candidate pairs: (side source, row) for each side; source 0 new rows, 1 stored.
+        // Stored rows the new rows meet, decoded once each: (key, position in its list).
+        let mut old_left: Vec<(&[u8], usize)> = vec![];
+        let mut old_right: Vec<(&[u8], usize)> = vec![];
+        let mut old_left_at: HashMap<&[u8], usize> = HashMap::new();
+        let mut old_right_at: HashMap<&[u8], usize> = HashMap::new();
         let mut r_by_key: HashMap<&[u8], Vec<usize>> = HashMap::new();
         for (i, k) in r.keys.iter().enumerate() {
             r_by_key.entry(k.data()).or_default().push(i);
         }
         let mut pairs: Vec<((usize, usize), (usize, usize))> = vec![];
         for (i, k) in l.keys.iter().enumerate() {
-            for s in stored_right.get(k.data()).into_iter().flatten() {
-                pairs.push(((0, i), (1, ri[&(s as *const Stored)])));
+            let k = k.data();
+            let n = right_lists.lists.get(k).map_or(0, Vec::len);
+            if n > 0 {
+                let base = *old_right_at.entry(k).or_insert_with(|| {
+                    let b = old_right.len();
+                    old_right.extend((0..n).map(|p| (k, p)));
+                    b
+                });
+                pairs.extend((0..n).map(|p| ((0, i), (1, base + p))));
             }
-            for &j in r_by_key.get(k.data()).into_iter().flatten() {
+            for &j in r_by_key.get(k).into_iter().flatten() {
                 pairs.push(((0, i), (0, j)));
             }
         }
         for (j, k) in r.keys.iter().enumerate() {
-            for s in stored_left.get(k.data()).into_iter().flatten() {
-                pairs.push(((1, li[&(s as *const Stored)]), (0, j)));
+            let k = k.data();
+            let n = left_lists.lists.get(k).map_or(0, Vec::len);
+            if n > 0 {
+                let base = *old_left_at.entry(k).or_insert_with(|| {
+                    let b = old_left.len();
+                    old_left.extend((0..n).map(|p| (k, p)));
+                    b
+                });
+                pairs.extend((0..n).map(|p| ((1, base + p), (0, j))));
             }
         }
+        let decode = |conv: &RowConverter, rows: Vec<&[u8]>, schema: &SchemaRef| -> Result<RecordBatch> {
+            if rows.is_empty() {
+                return Ok(RecordBatch::new_empty(Arc::clone(schema)));
+            }
+            let parser = conv.parser();
+            let cols = conv.convert_rows(rows.into_iter().map(|b| parser.parse(b)))?;
+            Ok(RecordBatch::try_new(Arc::clone(schema), cols)?)
+        };
+        let stored_left = decode(
+            &left_rows,
+            old_left.iter().map(|(k, p)| left_lists.lists[*k][*p].row.as_slice()).collect(),
+            &left_schema,
+        )?;
+        let stored_right = decode(
+            &right_rows,
+            old_right.iter().map(|(k, p)| right_lists.lists[*k][*p].row.as_slice()).collect(),
+            &right_schema,
+        )?;
         let left_part = interleave_record_batch(
-            &[&l.batch, &old_left],
+            &[&l.batch, &stored_left],
             &pairs.iter().map(|p| p.0).collect::<Vec<_>>(),
         )?;
         let right_part = interleave_record_batch(
-            &[&r.batch, &old_right],
+            &[&r.batch, &stored_right],
             &pairs.iter().map(|p| p.1).collect::<Vec<_>>(),
         )?;
         let schema = Arc::clone(&self.plan.schema);
@@ -510,20 +556,18 @@ impl Inner {
                     .downcast_ref::<BooleanArray>()
                     .ok_or_else(|| DataFusionError::Internal("join filter is not boolean".into()))?
                     .clone();
-                let passed = (0..mask.len())
-                    .map(|i| mask.is_valid(i) && mask.value(i))
-                    .collect();
+                let passed = (0..mask.len()).map(|i| mask.is_valid(i) && mask.value(i)).collect();
                 (filter_record_batch(&joined, &mask)?, passed)
             }
             _ => (joined, vec![true; pairs.len()]),
         };
         let mut outputs = vec![joined];
 
-        // Matches, for outer joins' flags.
+        // Which rows matched, for outer joins' flags.
         let mut new_left_matched = vec![false; l.batch.num_rows()];
         let mut new_right_matched = vec![false; r.batch.num_rows()];
-        let mut old_left_matched = vec![false; flat_left.len()];
-        let mut old_right_matched = vec![false; flat_right.len()];
+        let mut old_left_matched = vec![false; old_left.len()];
+        let mut old_right_matched = vec![false; old_right.len()];
         for (p, ok) in pairs.iter().zip(&passed) {
             if !ok {
                 continue;
@@ -537,75 +581,67 @@ impl Inner {
                 (_, j) => old_right_matched[j] = true,
             }
         }
+        let old_left: Vec<(Vec<u8>, usize)> =
+            old_left.into_iter().map(|(k, p)| (k.to_vec(), p)).collect();
+        let old_right: Vec<(Vec<u8>, usize)> =
+            old_right.into_iter().map(|(k, p)| (k.to_vec(), p)).collect();
+        for (lists, old, matched) in [
+            (&mut left_lists, &old_left, &old_left_matched),
+            (&mut right_lists, &old_right, &old_right_matched),
+        ] {
+            for ((k, p), m) in old.iter().zip(matched) {
+                if let Some(e) = lists.lists.get_mut(k).and_then(|l| l.get_mut(*p))
+                    && *m
+                    && !e.matched
+                {
+                    e.matched = true;
+                    lists.dirty.insert(k.clone());
+                }
+            }
+        }
 
-        // New rows into state; stored rows that matched for the first time get their flag.
-        let suffix = |i: usize| {
-            let mut s = self.batch.batch.to_be_bytes().to_vec();
-            s.extend((i as u32).to_be_bytes());
-            s
-        };
+        // New rows into their key's list and the event-time index.
         let mut updated = 0u64;
-        for (side, rows, conv, matched, store, time_store) in [
-            (
-                &self.left,
-                &l,
-                &left_rows,
-                &new_left_matched,
-                &mut ls,
-                &mut lt,
-            ),
-            (
-                &self.right,
-                &r,
-                &right_rows,
-                &new_right_matched,
-                &mut rs,
-                &mut rt,
-            ),
+        for (rows, conv, matched, lists, time_store) in [
+            (&l, &left_rows, &new_left_matched, &mut left_lists, &mut lt),
+            (&r, &right_rows, &new_right_matched, &mut right_lists, &mut rt),
         ] {
             let encoded = conv.convert_columns(rows.batch.columns())?;
-            let mut writes = WriteBatch::new();
             let mut index = WriteBatch::new();
             for (i, k) in rows.keys.iter().enumerate() {
-                let mut key = k.as_ref().to_vec();
-                key.extend(suffix(i));
+                let mut suffix = [0u8; 12];
+                suffix[..8].copy_from_slice(&self.batch.batch.to_be_bytes());
+                suffix[8..].copy_from_slice(&(i as u32).to_be_bytes());
                 let time = rows
                     .times
                     .as_ref()
                     .filter(|t| t.is_valid(i))
                     .map_or(i64::MIN, |t| t.value(i));
-                if side.evict_after_us.is_some() {
-                    let mut tk = event_time_bound(time)?;
-                    tk.extend(&key);
-                    index.put(tk, Vec::new());
-                }
-                writes.put(key, encode_value(matched[i], time, encoded.row(i).as_ref()));
+                let mut tk = event_time_bound(time)?;
+                tk.extend(k.data());
+                tk.extend(suffix);
+                index.put(tk, Vec::new());
+                lists.lists.entry(k.data().to_vec()).or_default().push(Entry {
+                    suffix,
+                    matched: matched[i],
+                    time,
+                    row: encoded.row(i).as_ref().to_vec(),
+                });
+                lists.dirty.insert(k.data().to_vec());
                 updated += 1;
             }
-            store.apply(writes).map_err(state_error)?;
             time_store.apply(index).map_err(state_error)?;
-        }
-        for (flat, matched, store) in [
-            (&flat_left, &old_left_matched, &mut ls),
-            (&flat_right, &old_right_matched, &mut rs),
-        ] {
-            let mut writes = WriteBatch::new();
-            for (s, m) in flat.iter().zip(matched) {
-                if *m && !s.matched {
-                    writes.put(s.key.clone(), encode_value(true, s.time, &s.row));
-                }
-            }
-            store.apply(writes).map_err(state_error)?;
         }
         let updates = started.elapsed();
 
-        // Evict rows no future row can match; outer sides emit their unmatched ones.
+        // Evict rows no future row can match (through the event-time index); outer sides emit
+        // the evicted rows that never matched.
         let removing = Instant::now();
         let mut removed = 0u64;
         let wm_us = wm.eviction_ms.saturating_mul(1000);
-        for (side, store, time_store, conv, schema) in [
-            (&self.left, &mut ls, &mut lt, &left_rows, &left_schema),
-            (&self.right, &mut rs, &mut rt, &right_rows, &right_schema),
+        for (side, store, lists, time_store, conv, schema) in [
+            (&self.left, &ls, &mut left_lists, &mut lt, &left_rows, &left_schema),
+            (&self.right, &rs, &mut right_lists, &mut rt, &right_rows, &right_schema),
         ] {
             let Some(after) = side.evict_after_us else {
                 continue;
@@ -619,35 +655,49 @@ impl Inner {
             if expired.is_empty() {
                 continue;
             }
-            let keys: Vec<Vec<u8>> = expired
-                .iter()
-                .map(|(k, _)| k.get(TIME_PREFIX..).unwrap_or_default().to_vec())
-                .collect();
-            if side.outer {
-                let refs: Vec<&[u8]> = keys.iter().map(Vec::as_slice).collect();
-                let values = store.multi_get(&refs).map_err(state_error)?;
-                let unmatched: Vec<Stored> = keys
-                    .iter()
-                    .zip(values)
-                    .filter_map(|(k, v)| decode_value(k.clone(), &v?))
-                    .filter(|s| !s.matched)
-                    .collect();
-                if !unmatched.is_empty() {
-                    let rows: Vec<&Stored> = unmatched.iter().collect();
-                    let side_batch = decode(conv, &rows, schema)?;
-                    outputs.push(self.null_padded(side.name == "left", &side_batch)?);
-                }
+            let mut by_key: HashMap<Vec<u8>, Vec<[u8; 12]>> = HashMap::new();
+            for (tk, _) in &expired {
+                let Some(rest) = tk.get(TIME_PREFIX..) else {
+                    return Err(corrupt(side.name));
+                };
+                let Some((key, suffix)) = rest.split_at_checked(rest.len().saturating_sub(12))
+                else {
+                    return Err(corrupt(side.name));
+                };
+                by_key
+                    .entry(key.to_vec())
+                    .or_default()
+                    .push(suffix.try_into().map_err(|_| corrupt(side.name))?);
             }
-            let mut deletes = WriteBatch::new();
+            let keys: Vec<&[u8]> = by_key.keys().map(Vec::as_slice).collect();
+            lists.load(store.as_ref(), &keys, side.name)?;
+            let mut unmatched: Vec<Vec<u8>> = vec![];
+            for (key, suffixes) in by_key {
+                let Some(list) = lists.lists.get_mut(&key) else {
+                    continue;
+                };
+                list.retain(|e| {
+                    let gone = suffixes.contains(&e.suffix);
+                    if gone && !e.matched && side.outer {
+                        unmatched.push(e.row.clone());
+                    }
+                    !gone
+                });
+                lists.dirty.insert(key);
+            }
+            if !unmatched.is_empty() {
+                let batch = decode(conv, unmatched.iter().map(Vec::as_slice).collect(), schema)?;
+                outputs.push(self.null_padded(side.name == "left", &batch)?);
+            }
             let mut index = WriteBatch::new();
-            for ((tk, _), k) in expired.into_iter().zip(keys) {
+            for (tk, _) in expired {
                 index.delete(tk);
-                deletes.delete(k);
+                removed += 1;
             }
-            removed += deletes.ops().len() as u64;
-            store.apply(deletes).map_err(state_error)?;
             time_store.apply(index).map_err(state_error)?;
         }
+        ls.apply(left_lists.writes()).map_err(state_error)?;
+        rs.apply(right_lists.writes()).map_err(state_error)?;
         let removals = removing.elapsed();
 
         let committing = Instant::now();
@@ -655,21 +705,26 @@ impl Inner {
             s.commit().map_err(state_error)?;
         }
         let (lm, rm) = (ls.metrics(), rs.metrics());
+        let (ltm, rtm) = (lt.metrics(), rt.metrics());
         let mut custom = lm.custom.clone();
-        for (k, v) in rm.custom {
+        for (k, v) in rm.custom.into_iter().chain(ltm.custom).chain(rtm.custom) {
             *custom.entry(k).or_default() += v;
         }
         self.batch.record(
             self.info.operator_id,
             StateOperatorProgress {
                 operator_name: self.info.operator_name.clone(),
-                num_rows_total: lm.num_keys + rm.num_keys,
+                // Rows in state: one index entry each.
+                num_rows_total: ltm.num_keys + rtm.num_keys,
                 num_rows_updated: updated,
                 all_updates_time_ms: updates.as_millis() as u64,
                 num_rows_removed: removed,
                 all_removals_time_ms: removals.as_millis() as u64,
                 commit_time_ms: committing.elapsed().as_millis() as u64,
-                memory_used_bytes: lm.memory_used_bytes + rm.memory_used_bytes,
+                memory_used_bytes: lm.memory_used_bytes
+                    + rm.memory_used_bytes
+                    + ltm.memory_used_bytes
+                    + rtm.memory_used_bytes,
                 num_rows_dropped_by_watermark: l.dropped + r.dropped,
                 num_shuffle_partitions: run.partitions as u64,
                 num_state_store_instances: 4,
