@@ -53,6 +53,14 @@ pub(crate) fn check(provider: &dyn StateStoreProvider, purges_at_once: bool) {
     assert_eq!(s.commit().unwrap(), 2);
     // Exact: an update adds nothing, a delete removes one, a new key adds one.
     assert_eq!(s.metrics().num_keys, 3);
+    // A writer that states the change in keys gets the same count.
+    let counted = StoreId::new(0, 3, "default");
+    let mut s = provider.open(&counted, 0).unwrap();
+    s.apply(batch(&[("x", Some("1")), ("y", Some("2"))]).with_key_delta(2))
+        .unwrap();
+    s.apply(batch(&[("x", None)]).with_key_delta(-1)).unwrap();
+    s.commit().unwrap();
+    assert_eq!(s.metrics().num_keys, 1);
 
     // Scans are in byte order and honour bounds.
     let at2 = vec![

@@ -37,6 +37,7 @@ impl fmt::Display for StoreId {
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct WriteBatch {
     ops: Vec<(Vec<u8>, Option<Vec<u8>>)>,
+    key_delta: Option<i64>,
 }
 
 impl WriteBatch {
@@ -58,6 +59,24 @@ impl WriteBatch {
     /// The operations in order; a later one on the same key wins.
     pub fn ops(&self) -> &[(Vec<u8>, Option<Vec<u8>>)] {
         &self.ops
+    }
+
+    /// The operations, consumed.
+    pub fn into_ops(self) -> Vec<(Vec<u8>, Option<Vec<u8>>)> {
+        self.ops
+    }
+
+    /// States how many keys the batch adds to the store (negative: removes), counted against
+    /// the store as the batches applied before it left it. A backend that counts keys can then
+    /// skip looking them up; a wrong figure only makes `num_keys` wrong.
+    pub fn with_key_delta(mut self, delta: i64) -> Self {
+        self.key_delta = Some(delta);
+        self
+    }
+
+    /// The stated key delta, if any.
+    pub fn key_delta(&self) -> Option<i64> {
+        self.key_delta
     }
 
     /// Whether the batch changes nothing.

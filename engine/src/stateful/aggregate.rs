@@ -476,6 +476,7 @@ impl Inner {
         let n = keys.len();
         let key_refs: Vec<&[u8]> = keys.iter().map(Vec::as_slice).collect();
         let values = RowConverter::new(self.value_fields.clone())?;
+        let mut stored_keys = 0;
         if n > 0 {
             let stored = store.multi_get(&key_refs).map_err(state_error)?;
             let (found, bytes): (Vec<usize>, Vec<&[u8]>) = stored
@@ -483,6 +484,7 @@ impl Inner {
                 .enumerate()
                 .filter_map(|(g, v)| v.as_deref().map(|v| (g, v)))
                 .unzip();
+            stored_keys = found.len();
             if !found.is_empty() {
                 let parser = values.parser();
                 let state = values.convert_rows(bytes.iter().map(|b| parser.parse(b)))?;
@@ -500,7 +502,9 @@ impl Inner {
                 writes.put(key.clone(), row.as_ref().to_vec());
             }
         }
-        store.apply(writes).map_err(state_error)?;
+        store
+            .apply(writes.with_key_delta((n - stored_keys) as i64))
+            .map_err(state_error)?;
 
         let mut output = match run.output_mode {
             OutputMode::Update => vec![self.evaluate(&key_refs, &state)?],
@@ -534,7 +538,9 @@ impl Inner {
                     deletes.delete(k.clone());
                 }
                 removed = expired.len() as u64;
-                store.apply(deletes).map_err(state_error)?;
+                store
+                    .apply(deletes.with_key_delta(-(expired.len() as i64)))
+                    .map_err(state_error)?;
             }
         }
         let removals = removing.elapsed();

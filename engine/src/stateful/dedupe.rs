@@ -289,7 +289,9 @@ impl Inner {
             .collect();
         let updated = first.len() as u64;
         let output = filter_record_batch(&batch, &keep)?;
-        store.apply(writes).map_err(state_error)?;
+        store
+            .apply(writes.with_key_delta(updated as i64))
+            .map_err(state_error)?;
         let updates = started.elapsed();
 
         // Evict what can no longer repeat.
@@ -328,7 +330,9 @@ impl Inner {
             for k in expired {
                 deletes.delete(k);
             }
-            store.apply(deletes).map_err(state_error)?;
+            store
+                .apply(deletes.with_key_delta(-(removed as i64)))
+                .map_err(state_error)?;
         }
         let removals = removing.elapsed();
 

@@ -328,6 +328,8 @@ fn encode_list(entries: &[Entry]) -> Vec<u8> {
 struct Lists {
     lists: HashMap<Vec<u8>, Vec<Entry>>,
     dirty: std::collections::HashSet<Vec<u8>>,
+    /// Keys that had a list when read.
+    existed: std::collections::HashSet<Vec<u8>>,
 }
 
 impl Lists {
@@ -343,7 +345,10 @@ impl Lists {
         let values = store.multi_get(&missing).map_err(state_error)?;
         for (k, v) in missing.into_iter().zip(values) {
             let entries = match v {
-                Some(v) => decode_list(&v).ok_or_else(|| corrupt(name))?,
+                Some(v) => {
+                    self.existed.insert(k.to_vec());
+                    decode_list(&v).ok_or_else(|| corrupt(name))?
+                }
                 None => vec![],
             };
             self.lists.insert(k.to_vec(), entries);
@@ -353,13 +358,21 @@ impl Lists {
 
     fn writes(&self) -> WriteBatch {
         let mut w = WriteBatch::new();
+        let mut delta = 0i64;
         for k in &self.dirty {
+            let existed = self.existed.contains(k);
             match self.lists.get(k) {
-                Some(l) if !l.is_empty() => w.put(k.clone(), encode_list(l)),
-                _ => w.delete(k.clone()),
+                Some(l) if !l.is_empty() => {
+                    delta += i64::from(!existed);
+                    w.put(k.clone(), encode_list(l));
+                }
+                _ => {
+                    delta -= i64::from(existed);
+                    w.delete(k.clone());
+                }
             }
         }
-        w
+        w.with_key_delta(delta)
     }
 }
 
@@ -455,8 +468,12 @@ impl Inner {
                 )
                 .map_err(state_error)
         };
-        let (mut ls, mut lt, mut rs, mut rt) =
-            (open("left")?, open("left-time")?, open("right")?, open("right-time")?);
+        let (mut ls, mut lt, mut rs, mut rt) = (
+            open("left")?,
+            open("left-time")?,
+            open("right")?,
+            open("right-time")?,
+        );
         let l = self.side_rows(&self.left, left_in, late_us)?;
         let r = self.side_rows(&self.right, right_in, late_us)?;
         let left_schema = self.left.input.schema();
@@ -465,14 +482,21 @@ impl Inner {
         let right_rows = RowConverter::new(row_fields(&right_schema))?;
 
         // Every key of the batch, on both sides: one multi_get per store.
-        let keys: Vec<&[u8]> = l.keys.iter().chain(r.keys.iter()).map(|k| k.data()).collect();
+        let keys: Vec<&[u8]> = l
+            .keys
+            .iter()
+            .chain(r.keys.iter())
+            .map(|k| k.data())
+            .collect();
         let mut left_lists = Lists {
             lists: HashMap::new(),
             dirty: Default::default(),
+            existed: Default::default(),
         };
         let mut right_lists = Lists {
             lists: HashMap::new(),
             dirty: Default::default(),
+            existed: Default::default(),
         };
         left_lists.load(ls.as_ref(), &keys, "left")?;
         right_lists.load(rs.as_ref(), &keys, "right")?;
@@ -514,22 +538,29 @@ impl Inner {
                 pairs.extend((0..n).map(|p| ((1, base + p), (0, j))));
             }
         }
-        let decode = |conv: &RowConverter, rows: Vec<&[u8]>, schema: &SchemaRef| -> Result<RecordBatch> {
-            if rows.is_empty() {
-                return Ok(RecordBatch::new_empty(Arc::clone(schema)));
-            }
-            let parser = conv.parser();
-            let cols = conv.convert_rows(rows.into_iter().map(|b| parser.parse(b)))?;
-            Ok(RecordBatch::try_new(Arc::clone(schema), cols)?)
-        };
+        let decode =
+            |conv: &RowConverter, rows: Vec<&[u8]>, schema: &SchemaRef| -> Result<RecordBatch> {
+                if rows.is_empty() {
+                    return Ok(RecordBatch::new_empty(Arc::clone(schema)));
+                }
+                let parser = conv.parser();
+                let cols = conv.convert_rows(rows.into_iter().map(|b| parser.parse(b)))?;
+                Ok(RecordBatch::try_new(Arc::clone(schema), cols)?)
+            };
         let stored_left = decode(
             &left_rows,
-            old_left.iter().map(|(k, p)| left_lists.lists[*k][*p].row.as_slice()).collect(),
+            old_left
+                .iter()
+                .map(|(k, p)| left_lists.lists[*k][*p].row.as_slice())
+                .collect(),
             &left_schema,
         )?;
         let stored_right = decode(
             &right_rows,
-            old_right.iter().map(|(k, p)| right_lists.lists[*k][*p].row.as_slice()).collect(),
+            old_right
+                .iter()
+                .map(|(k, p)| right_lists.lists[*k][*p].row.as_slice())
+                .collect(),
             &right_schema,
         )?;
         let left_part = interleave_record_batch(
@@ -556,7 +587,9 @@ impl Inner {
                     .downcast_ref::<BooleanArray>()
                     .ok_or_else(|| DataFusionError::Internal("join filter is not boolean".into()))?
                     .clone();
-                let passed = (0..mask.len()).map(|i| mask.is_valid(i) && mask.value(i)).collect();
+                let passed = (0..mask.len())
+                    .map(|i| mask.is_valid(i) && mask.value(i))
+                    .collect();
                 (filter_record_batch(&joined, &mask)?, passed)
             }
             _ => (joined, vec![true; pairs.len()]),
@@ -583,8 +616,10 @@ impl Inner {
         }
         let old_left: Vec<(Vec<u8>, usize)> =
             old_left.into_iter().map(|(k, p)| (k.to_vec(), p)).collect();
-        let old_right: Vec<(Vec<u8>, usize)> =
-            old_right.into_iter().map(|(k, p)| (k.to_vec(), p)).collect();
+        let old_right: Vec<(Vec<u8>, usize)> = old_right
+            .into_iter()
+            .map(|(k, p)| (k.to_vec(), p))
+            .collect();
         for (lists, old, matched) in [
             (&mut left_lists, &old_left, &old_left_matched),
             (&mut right_lists, &old_right, &old_right_matched),
@@ -604,7 +639,13 @@ impl Inner {
         let mut updated = 0u64;
         for (rows, conv, matched, lists, time_store) in [
             (&l, &left_rows, &new_left_matched, &mut left_lists, &mut lt),
-            (&r, &right_rows, &new_right_matched, &mut right_lists, &mut rt),
+            (
+                &r,
+                &right_rows,
+                &new_right_matched,
+                &mut right_lists,
+                &mut rt,
+            ),
         ] {
             let encoded = conv.convert_columns(rows.batch.columns())?;
             let mut index = WriteBatch::new();
@@ -621,16 +662,23 @@ impl Inner {
                 tk.extend(k.data());
                 tk.extend(suffix);
                 index.put(tk, Vec::new());
-                lists.lists.entry(k.data().to_vec()).or_default().push(Entry {
-                    suffix,
-                    matched: matched[i],
-                    time,
-                    row: encoded.row(i).as_ref().to_vec(),
-                });
+                lists
+                    .lists
+                    .entry(k.data().to_vec())
+                    .or_default()
+                    .push(Entry {
+                        suffix,
+                        matched: matched[i],
+                        time,
+                        row: encoded.row(i).as_ref().to_vec(),
+                    });
                 lists.dirty.insert(k.data().to_vec());
                 updated += 1;
             }
-            time_store.apply(index).map_err(state_error)?;
+            let added = rows.keys.num_rows() as i64;
+            time_store
+                .apply(index.with_key_delta(added))
+                .map_err(state_error)?;
         }
         let updates = started.elapsed();
 
@@ -640,8 +688,22 @@ impl Inner {
         let mut removed = 0u64;
         let wm_us = wm.eviction_ms.saturating_mul(1000);
         for (side, store, lists, time_store, conv, schema) in [
-            (&self.left, &ls, &mut left_lists, &mut lt, &left_rows, &left_schema),
-            (&self.right, &rs, &mut right_lists, &mut rt, &right_rows, &right_schema),
+            (
+                &self.left,
+                &ls,
+                &mut left_lists,
+                &mut lt,
+                &left_rows,
+                &left_schema,
+            ),
+            (
+                &self.right,
+                &rs,
+                &mut right_lists,
+                &mut rt,
+                &right_rows,
+                &right_schema,
+            ),
         ] {
             let Some(after) = side.evict_after_us else {
                 continue;
@@ -690,11 +752,14 @@ impl Inner {
                 outputs.push(self.null_padded(side.name == "left", &batch)?);
             }
             let mut index = WriteBatch::new();
+            let n = expired.len() as i64;
             for (tk, _) in expired {
                 index.delete(tk);
                 removed += 1;
             }
-            time_store.apply(index).map_err(state_error)?;
+            time_store
+                .apply(index.with_key_delta(-n))
+                .map_err(state_error)?;
         }
         ls.apply(left_lists.writes()).map_err(state_error)?;
         rs.apply(right_lists.writes()).map_err(state_error)?;

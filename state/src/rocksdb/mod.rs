@@ -338,15 +338,21 @@ fn write(db: &DB, id: &StoreId, batch: &WriteBatch, version: u64) -> Result<()> 
     let cf = db
         .cf_handle(META_CF)
         .ok_or_else(|| backend(id, "the meta column family is missing"))?;
-    // One batched lookup tells which keys exist, so the count stays exact.
-    let existed = db.multi_get(batch.ops().iter().map(|(k, _)| k));
     let mut num_keys = meta_u64(db, id, NUM_KEYS_KEY)?;
-    for ((_, op), existed) in batch.ops().iter().zip(existed) {
-        let existed = existed.map_err(|e| backend(id, e))?.is_some();
-        match (op.is_some(), existed) {
-            (true, false) => num_keys += 1,
-            (false, true) => num_keys = num_keys.saturating_sub(1),
-            _ => {}
+    match batch.key_delta() {
+        // The writer counted.
+        Some(d) => num_keys = num_keys.saturating_add_signed(d),
+        None => {
+            // One batched lookup tells which keys exist, so the count stays exact.
+            let existed = db.multi_get(batch.ops().iter().map(|(k, _)| k));
+            for ((_, op), existed) in batch.ops().iter().zip(existed) {
+                let existed = existed.map_err(|e| backend(id, e))?.is_some();
+                match (op.is_some(), existed) {
+                    (true, false) => num_keys += 1,
+                    (false, true) => num_keys = num_keys.saturating_sub(1),
+                    _ => {}
+                }
+            }
         }
     }
     let mut wb = rocksdb::WriteBatch::default();
@@ -453,6 +459,7 @@ impl StateStoreProvider for RocksDbStateStoreProvider {
             memtable_bytes: self.shared.config.memtable_bytes,
             snapshot_interval: self.shared.config.snapshot_interval,
             uploaded: None,
+            key_delta: Some(0),
         }))
     }
 
@@ -475,6 +482,8 @@ struct RocksDbStateStore {
     snapshot_interval: u64,
     /// The snapshot the last commit took, if it took one.
     uploaded: Option<snapshot::Uploaded>,
+    /// The key count change the applied batches stated; `None` once one did not.
+    key_delta: Option<i64>,
 }
 
 impl StateStore for RocksDbStateStore {
@@ -515,31 +524,46 @@ impl StateStore for RocksDbStateStore {
             std::ops::Bound::Excluded(e) => k >= e.as_slice(),
             std::ops::Bound::Unbounded => false,
         };
-        let mut merged = std::collections::BTreeMap::new();
+        // The instance's keys and the staged writes, both in key order: merged in one pass.
+        let mut out = Vec::new();
+        let mut staged = self
+            .staged
+            .range::<Vec<u8>, _>((range.start.clone(), range.end.clone()))
+            .peekable();
         for item in self.db.iterator_opt(IteratorMode::Start, ro) {
             let (k, v) = item.map_err(|e| backend(&self.id, e))?;
             if past_end(&k) {
                 break;
             }
-            if range.contains(&k) {
-                merged.insert(k.into_vec(), Some(v.into_vec()));
+            if !range.contains(&k) {
+                continue;
+            }
+            while let Some((sk, sv)) = staged.next_if(|(sk, _)| sk.as_slice() < &*k) {
+                if let Some(sv) = sv {
+                    out.push((sk.clone(), sv.clone()));
+                }
+            }
+            match staged.next_if(|(sk, _)| sk.as_slice() == &*k) {
+                Some((_, Some(sv))) => out.push((k.into_vec(), sv.clone())),
+                Some((_, None)) => {}
+                None => out.push((k.into_vec(), v.into_vec())),
             }
         }
-        for (k, v) in self
-            .staged
-            .range::<Vec<u8>, _>((range.start.clone(), range.end.clone()))
-        {
-            merged.insert(k.clone(), v.clone());
+        for (sk, sv) in staged {
+            if let Some(sv) = sv {
+                out.push((sk.clone(), sv.clone()));
+            }
         }
-        Ok(merged
-            .into_iter()
-            .filter_map(|(k, v)| v.map(|v| (k, v)))
-            .collect())
+        Ok(out)
     }
 
     fn apply(&mut self, batch: WriteBatch) -> Result<()> {
-        for (k, v) in batch.ops() {
-            self.staged.insert(k.clone(), v.clone());
+        self.key_delta = match (self.key_delta, batch.key_delta()) {
+            (Some(a), Some(b)) => Some(a + b),
+            _ => None,
+        };
+        for (k, v) in batch.into_ops() {
+            self.staged.insert(k, v);
         }
         Ok(())
     }
@@ -552,6 +576,11 @@ impl StateStore for RocksDbStateStore {
                 Some(v) => batch.put(k, v),
                 None => batch.delete(k),
             }
+        }
+        if let Some(d) = self.key_delta.replace(0) {
+            batch = batch.with_key_delta(d);
+        } else {
+            self.key_delta = Some(0);
         }
         // The changelog first: once it is in the checkpoint, the version can be rebuilt.
         std::fs::create_dir_all(&self.changelog_dir).map_err(|e| backend(&self.id, e))?;
