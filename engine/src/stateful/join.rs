@@ -635,11 +635,14 @@ impl Inner {
             }
         }
 
-        // New rows into their key's list and the event-time index.
+        // New rows into their key's list and the event-time index. A row without an event
+        // time never meets the time range: where the side evicts, it is not kept (an outer
+        // side emits it now if it matched nothing).
         let mut updated = 0u64;
-        for (rows, conv, matched, lists, time_store) in [
-            (&l, &left_rows, &new_left_matched, &mut left_lists, &mut lt),
+        for (side, rows, conv, matched, lists, time_store) in [
+            (&self.left, &l, &left_rows, &new_left_matched, &mut left_lists, &mut lt),
             (
+                &self.right,
                 &r,
                 &right_rows,
                 &new_right_matched,
@@ -649,7 +652,16 @@ impl Inner {
         ] {
             let encoded = conv.convert_columns(rows.batch.columns())?;
             let mut index = WriteBatch::new();
+            let mut added = 0i64;
+            let mut timeless = vec![];
             for (i, k) in rows.keys.iter().enumerate() {
+                let untimed = rows.times.as_ref().is_some_and(|t| t.is_null(i));
+                if untimed && side.evict_after_us.is_some() {
+                    if side.outer && !matched[i] {
+                        timeless.push(i as u32);
+                    }
+                    continue;
+                }
                 let mut suffix = [0u8; 12];
                 suffix[..8].copy_from_slice(&self.batch.batch.to_be_bytes());
                 suffix[8..].copy_from_slice(&(i as u32).to_be_bytes());
@@ -674,11 +686,18 @@ impl Inner {
                     });
                 lists.dirty.insert(k.data().to_vec());
                 updated += 1;
+                added += 1;
             }
-            let added = rows.keys.num_rows() as i64;
             time_store
                 .apply(index.with_key_delta(added))
                 .map_err(state_error)?;
+            if !timeless.is_empty() {
+                let rows = arrow::compute::take_record_batch(
+                    &rows.batch,
+                    &arrow::array::UInt32Array::from(timeless),
+                )?;
+                outputs.push(self.null_padded(side.name == "left", &rows)?);
+            }
         }
         let updates = started.elapsed();
 
@@ -709,11 +728,28 @@ impl Inner {
                 continue;
             };
             let limit = wm_us.saturating_add(after);
+            // Everything at or below the last limit is gone (new rows are later than the last
+            // watermark, which is at least that limit when the time range contains 0), so the
+            // scan starts there; a run's first scan starts at the beginning.
+            let floor_id = time_store.id().clone();
+            let floor = run
+                .evicted_up_to
+                .lock()
+                .ok()
+                .and_then(|f| f.get(&floor_id).copied())
+                .filter(|_| after <= 0);
             let range = KeyRange {
-                start: std::ops::Bound::Unbounded,
+                start: match floor {
+                    Some(f) => std::ops::Bound::Included(event_time_bound(f)?),
+                    None => std::ops::Bound::Unbounded,
+                },
                 end: std::ops::Bound::Excluded(event_time_bound(limit.saturating_add(1))?),
             };
             let expired = time_store.scan(&range).map_err(state_error)?;
+            if let Ok(mut f) = run.evicted_up_to.lock() {
+                let e = f.entry(floor_id).or_insert(limit);
+                *e = (*e).max(limit);
+            }
             if expired.is_empty() {
                 continue;
             }

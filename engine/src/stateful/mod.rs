@@ -154,6 +154,9 @@ pub(crate) struct StateRun {
     pub(crate) provider: Arc<dyn StateStoreProvider>,
     pub(crate) partitions: usize,
     pub(crate) output_mode: OutputMode,
+    /// Per event-time index store, the time up to which this run has evicted everything: the
+    /// next eviction scan starts there instead of wading through the deleted keys below it.
+    pub(crate) evicted_up_to: Mutex<BTreeMap<weir_state::StoreId, i64>>,
     /// The local RocksDB instances; declared after `provider` so they are closed first.
     _local: ScratchDir,
 }
@@ -194,6 +197,7 @@ impl StateRun {
             provider,
             partitions,
             output_mode,
+            evicted_up_to: Mutex::new(BTreeMap::new()),
             _local: ScratchDir(local),
         })
     }

@@ -496,19 +496,30 @@ impl StateStore for RocksDbStateStore {
     }
 
     fn multi_get(&self, keys: &[&[u8]]) -> Result<Vec<Option<Vec<u8>>>> {
-        let from_db = self
+        // RocksDB's batched MultiGet, on the keys in sorted order (it is fastest that way).
+        let mut order: Vec<usize> = (0..keys.len())
+            .filter(|&i| !self.staged.contains_key(keys[i]))
+            .collect();
+        order.sort_unstable_by(|&a, &b| keys[a].cmp(keys[b]));
+        let cf = self
             .db
-            .multi_get(keys.iter().filter(|k| !self.staged.contains_key(**k)));
-        let mut from_db = from_db.into_iter();
-        keys.iter()
-            .map(|k| match self.staged.get(*k) {
-                Some(v) => Ok(v.clone()),
-                None => from_db
-                    .next()
-                    .unwrap_or(Ok(None))
-                    .map_err(|e| backend(&self.id, e)),
+            .cf_handle("default")
+            .ok_or_else(|| backend(&self.id, "the default column family is missing"))?;
+        let found = self
+            .db
+            .batched_multi_get_cf(&cf, order.iter().map(|&i| keys[i]), true);
+        let mut from_db: Vec<Option<Vec<u8>>> = vec![None; keys.len()];
+        for (&i, v) in order.iter().zip(found) {
+            from_db[i] = v.map_err(|e| backend(&self.id, e))?.map(|v| v.to_vec());
+        }
+        Ok(keys
+            .iter()
+            .zip(from_db)
+            .map(|(k, v)| match self.staged.get(*k) {
+                Some(staged) => staged.clone(),
+                None => v,
             })
-            .collect()
+            .collect())
     }
 
     fn scan(&self, range: &KeyRange) -> Result<Vec<(Vec<u8>, Vec<u8>)>> {
