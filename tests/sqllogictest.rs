@@ -10,6 +10,10 @@
 //!
 //! `cargo test --test sqllogictest [-- FILTER]` runs the files whose name contains FILTER. Files
 //! use `control substitution on` and `$__TEST_DIR__` for checkpoint and output folders.
+//!
+//! A file runs on the RocksDB state store; a first line `# state stores: rocksdb memory` runs it
+//! once per listed store, each time in a fresh session, so both must give the same results (files
+//! that restart queries from a checkpoint need a durable store: rocksdb only).
 
 #![expect(
     clippy::unwrap_used,
@@ -24,7 +28,7 @@ use sqllogictest::{AsyncDB, DBOutput, DefaultColumnType};
 use weir::datafusion::arrow::datatypes::DataType;
 use weir::datafusion::arrow::record_batch::RecordBatch;
 use weir::datafusion::arrow::util::display::{ArrayFormatter, FormatOptions};
-use weir::{ScriptOptions, StatementResult, StreamingQuery, WeirSession};
+use weir::{ScriptOptions, StateBackend, StatementResult, StreamingQuery, WeirSession};
 
 struct WeirDb {
     session: WeirSession,
@@ -183,34 +187,51 @@ fn main() {
         .unwrap();
     let files = slt_files(filter.as_deref());
     let mut failures = vec![];
+    let mut runs = 0;
     for file in &files {
-        let mut runner = sqllogictest::Runner::new(|| async {
-            Ok(WeirDb {
-                session: WeirSession::new(),
-                queries: vec![],
-            })
-        });
-        let result = runtime.block_on(async {
-            let r = runner.run_file_async(file).await;
-            runner.shutdown_async().await;
-            r
-        });
-        match result {
-            Ok(()) => println!("ok      {}", file.display()),
-            Err(e) => {
-                println!("FAILED  {}\n{}", file.display(), e.display(false));
-                failures.push(file.clone());
+        let header = std::fs::read_to_string(file)
+            .unwrap_or_default()
+            .lines()
+            .next()
+            .unwrap_or_default()
+            .to_string();
+        let stores: Vec<&str> = match header.strip_prefix("# state stores:") {
+            Some(list) => list.split_whitespace().collect(),
+            None => vec!["rocksdb"],
+        };
+        for store in stores {
+            let backend = match store {
+                "memory" => StateBackend::Memory,
+                "rocksdb" => StateBackend::default(),
+                other => panic!("{}: unknown state store '{other}'", file.display()),
+            };
+            runs += 1;
+            let mut runner = sqllogictest::Runner::new(move || async move {
+                let session = WeirSession::new();
+                session.set_state_store(backend);
+                Ok(WeirDb {
+                    session,
+                    queries: vec![],
+                })
+            });
+            let result = runtime.block_on(async {
+                let r = runner.run_file_async(file).await;
+                runner.shutdown_async().await;
+                r
+            });
+            match result {
+                Ok(()) => println!("ok      {} ({store})", file.display()),
+                Err(e) => {
+                    println!("FAILED  {} ({store})\n{}", file.display(), e.display(false));
+                    failures.push(file.clone());
+                }
             }
         }
     }
     assert!(!files.is_empty() || filter.is_some(), "no .slt files found");
     if !failures.is_empty() {
-        eprintln!(
-            "{} of {} sqllogictest files failed",
-            failures.len(),
-            files.len()
-        );
+        eprintln!("{} of {runs} sqllogictest runs failed", failures.len());
         std::process::exit(1);
     }
-    println!("{} sqllogictest files passed", files.len());
+    println!("{runs} sqllogictest runs of {} files passed", files.len());
 }

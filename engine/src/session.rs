@@ -54,6 +54,8 @@ pub(crate) struct SessionInner {
     manager: StreamingQueryManager,
     /// `CREATE STREAMING TABLE` declarations without a query, by lower-case name.
     pub(crate) declared: Mutex<BTreeMap<String, weir_planner::statement::CreateStreamingTable>>,
+    /// The state store queries started in this session use unless they say otherwise.
+    state_backend: RwLock<StateBackend>,
 }
 
 impl std::fmt::Debug for SessionInner {
@@ -111,9 +113,19 @@ impl WeirSession {
                 sinks: RwLock::new(SinkRegistry::with_builtins()),
                 manager: StreamingQueryManager::new(),
                 declared: Mutex::new(BTreeMap::new()),
+                state_backend: RwLock::new(StateBackend::default()),
             }
         })
         .into()
+    }
+
+    /// Makes `backend` the state store of the queries started from now on in this session
+    /// (Spark's `spark.sql.streaming.stateStore.providerClass`); a writer's `state_store` or
+    /// `stateStore` option still wins, and a checkpoint keeps the store it was created with.
+    pub fn set_state_store(&self, backend: StateBackend) {
+        if let Ok(mut b) = self.inner.state_backend.write() {
+            *b = backend;
+        }
     }
 
     /// The DataFusion context: register static tables, run batch SQL.
@@ -342,7 +354,6 @@ impl std::fmt::Debug for DataStreamWriter {
 impl DataStreamWriter {
     pub(crate) fn new(session: Arc<SessionInner>, plan: LogicalPlan) -> Self {
         Self {
-            session,
             plan,
             format: "console".into(),
             options: Options::new(),
@@ -354,9 +365,10 @@ impl DataStreamWriter {
             max_batches: None,
             min_batches_to_retain: 100,
             no_data_progress_interval: NO_DATA_PROGRESS_INTERVAL,
-            state_backend: StateBackend::default(),
+            state_backend: session.state_backend.read().map(|b| *b).unwrap_or_default(),
             allow_state_definition_change: false,
             invalid: None,
+            session,
         }
     }
 

@@ -640,7 +640,14 @@ impl Inner {
         // side emits it now if it matched nothing).
         let mut updated = 0u64;
         for (side, rows, conv, matched, lists, time_store) in [
-            (&self.left, &l, &left_rows, &new_left_matched, &mut left_lists, &mut lt),
+            (
+                &self.left,
+                &l,
+                &left_rows,
+                &new_left_matched,
+                &mut left_lists,
+                &mut lt,
+            ),
             (
                 &self.right,
                 &r,
