@@ -962,3 +962,110 @@ async fn a_stream_stream_join_matches_rows_across_batches_and_pads_unmatched_out
         q.stop().await;
     }
 }
+
+#[tokio::test]
+async fn restarts_check_deduplications_and_joins_too() {
+    // dedup_removed (reference §1b): the deduplication taken out is refused, as is another key.
+    let dedupe = "SELECT DISTINCT ON (k) k, v FROM ev";
+    let (class, message) = restart_with(dedupe, "SELECT k, v FROM ev", false)
+        .await
+        .unwrap_err();
+    assert_eq!(
+        class, "STREAMING_STATEFUL_OPERATOR_NOT_MATCH_IN_STATE_METADATA",
+        "{message}"
+    );
+    assert!(message.contains("0 dedupe"), "{message}");
+    let (class, message) = restart_with(dedupe, "SELECT DISTINCT ON (v) k, v FROM ev", false)
+        .await
+        .unwrap_err();
+    assert_eq!(class, "STATEFUL_OPERATOR_DEFINITION_CHANGED", "{message}");
+    // dedup_same: unchanged is accepted.
+    restart_with(dedupe, dedupe, false)
+        .await
+        .unwrap_or_else(|e| panic!("{e:?}"));
+    // A deduplication replaced by an aggregation.
+    let (class, _) = restart_with(dedupe, "SELECT k, count(*) AS n FROM ev GROUP BY k", false)
+        .await
+        .unwrap_err();
+    assert_eq!(
+        class,
+        "STREAMING_STATEFUL_OPERATOR_NOT_MATCH_IN_STATE_METADATA"
+    );
+}
+
+#[tokio::test]
+async fn a_stream_stream_join_equals_the_batch_join_of_the_same_rows() {
+    // Both sides see every row (generous watermark), so the streaming inner join of all
+    // batches must equal DataFusion's join of all rows.
+    let session = WeirSession::new();
+    let lefts = MemoryStream::new("lefts", schema());
+    let rights = MemoryStream::new("rights", schema());
+    session.register_memory_stream(&lefts);
+    session.register_memory_stream(&rights);
+    for (name, view) in [("lefts", "lw"), ("rights", "rw")] {
+        let df = session.read_stream().table(name).unwrap();
+        session
+            .context()
+            .register_table(view, df.into_view())
+            .unwrap();
+    }
+    let sql =
+        "SELECT l.k AS k, l.v AS lv, r.v AS rv FROM lw l JOIN rw r ON l.k = r.k AND l.v < r.v";
+    let df = session.context().sql(sql).await.unwrap();
+    let outputs: Outputs = Arc::default();
+    let sink = Arc::clone(&outputs);
+    let ck = tempfile::tempdir().unwrap();
+    let q = session
+        .write_stream(df)
+        .checkpoint_location(ck.path().to_str().unwrap())
+        .foreach_batch(move |id, batches| {
+            let sink = Arc::clone(&sink);
+            async move {
+                sink.lock().unwrap().insert(id, batches);
+                Ok(())
+            }
+        })
+        .start()
+        .await
+        .unwrap();
+    let (mut all_l, mut all_r) = (vec![], vec![]);
+    let mut seed = 7u64;
+    let mut next = || {
+        seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1);
+        (seed >> 33) as i64
+    };
+    for _ in 0..6 {
+        let l: Vec<(i64, Option<i64>)> =
+            (0..40).map(|_| (next() % 13, Some(next() % 100))).collect();
+        let r: Vec<(i64, Option<i64>)> =
+            (0..30).map(|_| (next() % 13, Some(next() % 100))).collect();
+        lefts.push(rows(&l)).unwrap();
+        rights.push(rows(&r)).unwrap();
+        all_l.extend(l);
+        all_r.extend(r);
+        q.process_all_available().await.unwrap();
+    }
+    q.stop().await;
+    let streamed: Vec<RecordBatch> = outputs
+        .lock()
+        .unwrap()
+        .values()
+        .flatten()
+        .cloned()
+        .collect();
+
+    let ctx = weir::datafusion::prelude::SessionContext::new();
+    for (name, data) in [("lw", &all_l), ("rw", &all_r)] {
+        let mem = weir::datafusion::datasource::MemTable::try_new(schema(), vec![vec![rows(data)]])
+            .unwrap();
+        ctx.register_table(name, Arc::new(mem)).unwrap();
+    }
+    let batch = ctx.sql(sql).await.unwrap().collect().await.unwrap();
+    let expected = table(&batch);
+    assert!(
+        expected.len() > 100,
+        "a join worth checking: {}",
+        expected.len()
+    );
+    assert_eq!(table(&streamed), expected);
+}
