@@ -1069,3 +1069,60 @@ async fn a_stream_stream_join_equals_the_batch_join_of_the_same_rows() {
     );
     assert_eq!(table(&streamed), expected);
 }
+
+#[tokio::test]
+async fn several_watermarks_combine_by_min_or_by_max_as_configured() {
+    use weir::DataFrameStreamExt;
+    for (policy, expected) in [
+        (None, "1970-01-01T00:00:08.000Z"),
+        (Some("max"), "1970-01-01T00:00:18.000Z"),
+    ] {
+        let session = WeirSession::new();
+        let lefts = MemoryStream::new("lefts", events_schema());
+        let rights = MemoryStream::new("rights", events_schema());
+        session.register_memory_stream(&lefts);
+        session.register_memory_stream(&rights);
+        for (name, view) in [("lefts", "lw"), ("rights", "rw")] {
+            let df = session
+                .read_stream()
+                .table(name)
+                .unwrap()
+                .with_watermark("ts", "2 seconds")
+                .unwrap();
+            session
+                .context()
+                .register_table(view, df.into_view())
+                .unwrap();
+        }
+        let df = session
+            .context()
+            .sql("SELECT l.k FROM lw l JOIN rw r ON l.k = r.k")
+            .await
+            .unwrap();
+        let ck = tempfile::tempdir().unwrap();
+        let mut w = session
+            .write_stream(df)
+            .format("noop")
+            .checkpoint_location(ck.path().to_str().unwrap());
+        if let Some(p) = policy {
+            w = w.option("multipleWatermarkPolicy", p);
+        }
+        let q = w.start().await.unwrap();
+        lefts.push(events(&[10])).unwrap();
+        rights.push(events(&[20])).unwrap();
+        q.process_all_available().await.unwrap();
+        let p = q.last_progress().unwrap();
+        assert_eq!(
+            p.event_time.get("watermark").unwrap(),
+            expected,
+            "{policy:?}"
+        );
+        q.stop().await;
+    }
+    let session = WeirSession::new();
+    let err = session
+        .sql("CREATE STREAMING TABLE t USING noop OPTIONS (multipleWatermarkPolicy 'avg') AS SELECT * FROM STREAM rate()")
+        .await
+        .unwrap_err();
+    assert_eq!(err.error_class(), "STREAMING_INVALID_OPTION", "{err}");
+}

@@ -59,6 +59,8 @@ pub(crate) struct Execution {
     pub(crate) state_run: Option<(Arc<StateRun>, Vec<OperatorInfo>)>,
     /// Whether the query declares event-time watermarks.
     pub(crate) has_watermarks: bool,
+    /// With several watermarks, the query's is their maximum (Spark's `max` policy).
+    pub(crate) max_watermark: bool,
 }
 
 /// What executing one batch gave.
@@ -532,7 +534,7 @@ impl Execution {
         } = executed;
         // The next batch's watermark: per watermark operator the largest event time seen minus
         // its delay; the query's is the minimum over operators that have seen data (Spark's
-        // default policy). It never moves back.
+        // default policy; the maximum with multipleWatermarkPolicy max). It never moves back.
         let batch_watermark_ms = entry.metadata.batch_watermark_ms;
         for (id, s) in &event_times {
             let e = lp
@@ -541,12 +543,16 @@ impl Execution {
                 .or_insert((s.max_us, s.delay_ms));
             e.0 = e.0.max(s.max_us);
         }
-        if let Some(wm) = lp
+        let candidates = lp
             .event_time_max
             .values()
-            .map(|(max_us, delay)| max_us.div_euclid(1000) - delay)
-            .min()
-        {
+            .map(|(max_us, delay)| max_us.div_euclid(1000) - delay);
+        let combined = if self.max_watermark {
+            candidates.max()
+        } else {
+            candidates.min()
+        };
+        if let Some(wm) = combined {
             lp.watermark_ms = lp.watermark_ms.max(wm);
         }
         lp.last_batch_watermark_ms = batch_watermark_ms;

@@ -35,6 +35,8 @@ use crate::stateful::{
 pub(crate) const SHUFFLE_PARTITIONS: &str = "weir.sql.shuffle.partitions";
 /// The offsets log's conf key for the state store a checkpoint was created with.
 pub(crate) const STATE_STORE: &str = "weir.sql.streaming.stateStore.provider";
+/// The offsets log's conf key for how a query with several watermarks combines them.
+pub(crate) const WATERMARK_POLICY: &str = "weir.sql.streaming.multipleWatermarkPolicy";
 
 use crate::memory_table::MemorySinkTable;
 use crate::query::{Shared, StreamingQuery, StreamingQueryManager};
@@ -335,6 +337,8 @@ pub struct DataStreamWriter {
     no_data_progress_interval: Duration,
     state_backend: StateBackend,
     allow_state_definition_change: bool,
+    /// With several watermarks, the query's is their maximum rather than their minimum.
+    max_watermark: bool,
     /// A malformed writer-level option, reported by `start`.
     invalid: Option<Error>,
 }
@@ -367,6 +371,7 @@ impl DataStreamWriter {
             no_data_progress_interval: NO_DATA_PROGRESS_INTERVAL,
             state_backend: session.state_backend.read().map(|b| *b).unwrap_or_default(),
             allow_state_definition_change: false,
+            max_watermark: false,
             invalid: None,
             session,
         }
@@ -378,12 +383,28 @@ impl DataStreamWriter {
         self
     }
 
-    /// Sets a sink option. Three keys configure the query instead: `checkpointLocation`,
-    /// `stateStore` (`rocksdb` or `memory`) and `allowStateDefinitionChange` (`true`/`false`).
+    /// Sets a sink option. Four keys configure the query instead: `checkpointLocation`,
+    /// `stateStore` (`rocksdb` or `memory`), `allowStateDefinitionChange` (`true`/`false`) and
+    /// `multipleWatermarkPolicy` (`min`, the default, or `max`, as Spark's
+    /// `spark.sql.streaming.multipleWatermarkPolicy`).
     pub fn option(mut self, key: &str, value: impl ToString) -> Self {
         let value = value.to_string();
         if key.eq_ignore_ascii_case("checkpointLocation") {
             self.checkpoint = Some(value);
+        } else if key.eq_ignore_ascii_case("multipleWatermarkPolicy") {
+            match value.to_ascii_lowercase().as_str() {
+                "min" => self.max_watermark = false,
+                "max" => self.max_watermark = true,
+                _ => {
+                    self.invalid = Some(Error::user(
+                        "STREAMING_INVALID_OPTION",
+                        "42616",
+                        format!(
+                            "Option 'multipleWatermarkPolicy' must be min or max, not '{value}'."
+                        ),
+                    ))
+                }
+            }
         } else if key.eq_ignore_ascii_case("stateStore") {
             match StateBackend::parse(&value) {
                 Ok(b) => self.state_backend = b,
@@ -575,6 +596,18 @@ impl DataStreamWriter {
         };
         let mut conf = BTreeMap::new();
         conf.insert(SHUFFLE_PARTITIONS.to_string(), partitions.to_string());
+        // As Spark, the policy a checkpoint was created with stays.
+        let max_watermark = match restart
+            .as_ref()
+            .and_then(|r| r.logged_conf(WATERMARK_POLICY))
+        {
+            Some(logged) => logged == "max",
+            None => self.max_watermark,
+        };
+        conf.insert(
+            WATERMARK_POLICY.to_string(),
+            if max_watermark { "max" } else { "min" }.to_string(),
+        );
 
         let shared = Shared::new(checkpoint.id(), self.query_name.clone());
         let state_run = if stateful || checkpoint.read_state_metadata().await?.is_some() {
@@ -638,6 +671,7 @@ impl DataStreamWriter {
         let has_watermarks = !weir_planner::watermark::watermark_nodes(&plan).is_empty();
         let exec = Execution {
             has_watermarks,
+            max_watermark,
             shared,
             manager: inner.manager.clone(),
             state,
