@@ -1126,3 +1126,50 @@ async fn several_watermarks_combine_by_min_or_by_max_as_configured() {
         .unwrap_err();
     assert_eq!(err.error_class(), "STREAMING_INVALID_OPTION", "{err}");
 }
+
+#[tokio::test]
+async fn damaged_state_files_are_named_and_nothing_runs_on_them() {
+    let t = setup();
+    let ck = tempfile::tempdir().unwrap();
+    let q = t
+        .start(COUNTS, OutputMode::Update, ck.path(), StateBackend::default())
+        .await
+        .unwrap();
+    t.stream.push(rows(&[(1, Some(1)), (2, Some(2))])).unwrap();
+    q.process_all_available().await.unwrap();
+    q.stop().await;
+
+    // The operators' record: refused at start, naming the file.
+    let meta = ck.path().join("state/_metadata");
+    let good = std::fs::read(&meta).unwrap();
+    std::fs::write(&meta, &good[..good.len() / 2]).unwrap();
+    let err = t
+        .start(COUNTS, OutputMode::Update, ck.path(), StateBackend::default())
+        .await
+        .unwrap_err();
+    assert_eq!(err.error_class(), "CHECKPOINT_FILE_CORRUPT", "{err}");
+    assert!(err.to_string().contains("state/_metadata"), "{err}");
+    std::fs::write(&meta, &good).unwrap();
+
+    // A changelog: the rebuild refuses it and the query fails with the file's name; the
+    // batch is not committed.
+    let mut damaged = 0;
+    for part in std::fs::read_dir(ck.path().join("state/0")).unwrap() {
+        let log = part.unwrap().path().join("default/1.changelog");
+        let mut bytes = std::fs::read(&log).unwrap();
+        let last = bytes.len() - 1;
+        bytes[last] ^= 0xff;
+        std::fs::write(&log, bytes).unwrap();
+        damaged += 1;
+    }
+    assert!(damaged > 0);
+    t.stream.push(rows(&[(1, Some(3))])).unwrap();
+    let q = t
+        .start(COUNTS, OutputMode::Update, ck.path(), StateBackend::default())
+        .await
+        .unwrap();
+    let err = q.process_all_available().await.unwrap_err();
+    assert_eq!(err.cause_error_class(), "STATE_STORE_FILE_CORRUPT", "{err}");
+    assert!(err.to_string().contains("1.changelog"), "{err}");
+    assert!(!ck.path().join("commits/1").exists(), "the failed batch did not commit");
+}
