@@ -59,6 +59,25 @@ pub struct BenchReport {
     pub batch_latency_ms: Stats,
     /// Median of each durationMs key over the measured batches.
     pub duration_ms_median: std::collections::BTreeMap<String, f64>,
+    /// Stateful workloads: medians over the measured batches of the stateful operators'
+    /// `commitTimeMs`, `allUpdatesTimeMs` and `allRemovalsTimeMs` (summed over operators), and
+    /// `numRowsTotal` after the last batch.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub state: Option<StateFigures>,
+}
+
+/// The state figures of a bench run.
+#[derive(Debug, Clone, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct StateFigures {
+    /// Median commitTimeMs.
+    pub commit_time_ms: f64,
+    /// Median allUpdatesTimeMs.
+    pub all_updates_time_ms: f64,
+    /// Median allRemovalsTimeMs.
+    pub all_removals_time_ms: f64,
+    /// numRowsTotal after the last measured batch.
+    pub num_rows_total: u64,
 }
 
 fn workload_sql(cfg: &BenchConfig) -> Result<String> {
@@ -195,6 +214,21 @@ pub async fn run_bench(cfg: &BenchConfig) -> Result<BenchReport> {
             (k, stats(v).median)
         })
         .collect();
+    let state_sum = |f: fn(&crate::StateOperatorProgress) -> u64| -> Vec<f64> {
+        measured
+            .iter()
+            .map(|p| p.state_operators.iter().map(f).sum::<u64>() as f64)
+            .collect()
+    };
+    let state = measured
+        .last()
+        .filter(|p| !p.state_operators.is_empty())
+        .map(|last| StateFigures {
+            commit_time_ms: stats(state_sum(|o| o.commit_time_ms)).median,
+            all_updates_time_ms: stats(state_sum(|o| o.all_updates_time_ms)).median,
+            all_removals_time_ms: stats(state_sum(|o| o.all_removals_time_ms)).median,
+            num_rows_total: last.state_operators.iter().map(|o| o.num_rows_total).sum(),
+        });
     Ok(BenchReport {
         workload: cfg.workload.clone(),
         rows_per_batch: cfg.rows_per_batch,
@@ -208,6 +242,7 @@ pub async fn run_bench(cfg: &BenchConfig) -> Result<BenchReport> {
         },
         batch_latency_ms: stats(measured.iter().map(|p| trig(p)).collect()),
         duration_ms_median,
+        state,
     })
 }
 
@@ -241,6 +276,16 @@ impl BenchReport {
         s += "durationMs (median):\n";
         for (k, v) in &self.duration_ms_median {
             s += &format!("  {k:<18} {v:>8.1}\n");
+        }
+        if let Some(st) = &self.state {
+            s += &format!(
+                "state (median ms, summed over partitions): updates {:.1}  removals {:.1}  commit \
+                 {:.1}; rows in state {}\n",
+                st.all_updates_time_ms,
+                st.all_removals_time_ms,
+                st.commit_time_ms,
+                st.num_rows_total
+            );
         }
         s
     }

@@ -334,4 +334,38 @@ fn bench_reports_rates_latencies_and_the_duration_breakdown() {
     let (ok, _, stderr) = weir(&["bench", "--workload", "q9"]);
     assert!(!ok);
     assert!(stderr.contains("UNKNOWN_BENCH_WORKLOAD"), "{stderr}");
+    assert!(
+        r.get("state").is_none(),
+        "a stateless workload has no state figures: {r}"
+    );
+}
+
+#[test]
+fn every_stateful_bench_workload_runs_and_reports_its_state() {
+    // Each workload's state after a few small batches: q2 1000 groups, q3 the open windows,
+    // q4 every key seen (values 0..4999 are all distinct keys), q5 rows waiting for a match.
+    for (workload, rows) in [("q2", 2000), ("q3", 1000), ("q4", 1000), ("q5", 200)] {
+        let (ok, stdout, stderr) = weir(&[
+            "bench",
+            "--workload",
+            workload,
+            "--batches",
+            "3",
+            "--warmup",
+            "2",
+            "--rows-per-batch",
+            &rows.to_string(),
+            "--json",
+        ]);
+        assert!(ok, "{workload}: {stderr}");
+        let r: serde_json::Value = serde_json::from_str(stdout.trim()).unwrap();
+        assert_eq!(r["batches"], 3, "{workload}: {r}");
+        let total = r["state"]["numRowsTotal"].as_u64().unwrap();
+        match workload {
+            "q2" => assert_eq!(total, 1000, "{r}"),
+            "q4" => assert_eq!(total, 5 * 1000, "{r}"),
+            _ => assert!(total > 0, "{workload}: {r}"),
+        }
+        assert!(r["state"]["commitTimeMs"].is_number(), "{r}");
+    }
 }

@@ -1132,7 +1132,12 @@ async fn damaged_state_files_are_named_and_nothing_runs_on_them() {
     let t = setup();
     let ck = tempfile::tempdir().unwrap();
     let q = t
-        .start(COUNTS, OutputMode::Update, ck.path(), StateBackend::default())
+        .start(
+            COUNTS,
+            OutputMode::Update,
+            ck.path(),
+            StateBackend::default(),
+        )
         .await
         .unwrap();
     t.stream.push(rows(&[(1, Some(1)), (2, Some(2))])).unwrap();
@@ -1144,7 +1149,12 @@ async fn damaged_state_files_are_named_and_nothing_runs_on_them() {
     let good = std::fs::read(&meta).unwrap();
     std::fs::write(&meta, &good[..good.len() / 2]).unwrap();
     let err = t
-        .start(COUNTS, OutputMode::Update, ck.path(), StateBackend::default())
+        .start(
+            COUNTS,
+            OutputMode::Update,
+            ck.path(),
+            StateBackend::default(),
+        )
         .await
         .unwrap_err();
     assert_eq!(err.error_class(), "CHECKPOINT_FILE_CORRUPT", "{err}");
@@ -1165,11 +1175,19 @@ async fn damaged_state_files_are_named_and_nothing_runs_on_them() {
     assert!(damaged > 0);
     t.stream.push(rows(&[(1, Some(3))])).unwrap();
     let q = t
-        .start(COUNTS, OutputMode::Update, ck.path(), StateBackend::default())
+        .start(
+            COUNTS,
+            OutputMode::Update,
+            ck.path(),
+            StateBackend::default(),
+        )
         .await
         .unwrap();
     let err = q.process_all_available().await.unwrap_err();
     assert_eq!(err.cause_error_class(), "STATE_STORE_FILE_CORRUPT", "{err}");
     assert!(err.to_string().contains("1.changelog"), "{err}");
-    assert!(!ck.path().join("commits/1").exists(), "the failed batch did not commit");
+    assert!(
+        !ck.path().join("commits/1").exists(),
+        "the failed batch did not commit"
+    );
 }

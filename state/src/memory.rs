@@ -10,17 +10,30 @@ use crate::{Error, Result};
 type Map = BTreeMap<Vec<u8>, Vec<u8>>;
 type Versions = HashMap<StoreId, BTreeMap<u64, Arc<Map>>>;
 
-/// Keeps every committed version of every store in memory. Clones share the same stores, so a
-/// test can "restart" an operator by opening again from a clone.
+/// Keeps the committed versions of every store in memory (each version a full copy of the
+/// store). Clones share the same stores, so a test can "restart" an operator by opening again
+/// from a clone.
 #[derive(Debug, Clone, Default)]
 pub struct MemoryStateStoreProvider {
     versions: Arc<Mutex<Versions>>,
+    /// Keep only this many newest versions per store (`None`: until purged).
+    retained: Option<usize>,
 }
 
 impl MemoryStateStoreProvider {
-    /// An empty provider.
+    /// An empty provider keeping every version until purged.
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// An empty provider keeping only the `n` newest versions of each store (at least 1), as
+    /// Spark's `maxBatchesToRetainInMemory`: a running query only ever opens the newest one,
+    /// and each version is a full copy.
+    pub fn with_retained_versions(n: usize) -> Self {
+        Self {
+            retained: Some(n.max(1)),
+            ..Self::default()
+        }
     }
 
     fn lock(&self, id: &StoreId) -> Result<std::sync::MutexGuard<'_, Versions>> {
@@ -60,6 +73,7 @@ impl StateStoreProvider for MemoryStateStoreProvider {
             version,
             state,
             versions: Arc::clone(&self.versions),
+            retained: self.retained,
         }))
     }
 
@@ -87,6 +101,7 @@ struct MemoryStateStore {
     /// The state as of `version`, plus applied writes (copied on the first write).
     state: Arc<Map>,
     versions: Arc<Mutex<Versions>>,
+    retained: Option<usize>,
 }
 
 impl StateStore for MemoryStateStore {
@@ -127,10 +142,13 @@ impl StateStore for MemoryStateStore {
     fn commit(&mut self) -> Result<u64> {
         let next = self.version + 1;
         let mut versions = lock(&self.versions, &self.id)?;
-        versions
-            .entry(self.id.clone())
-            .or_default()
-            .insert(next, Arc::clone(&self.state));
+        let mine = versions.entry(self.id.clone()).or_default();
+        mine.insert(next, Arc::clone(&self.state));
+        if let Some(n) = self.retained {
+            while mine.len() > n {
+                mine.pop_first();
+            }
+        }
         self.version = next;
         Ok(next)
     }
@@ -155,6 +173,23 @@ mod tests {
     #[test]
     fn the_in_memory_provider_meets_the_state_store_contract() {
         crate::conformance::check(&MemoryStateStoreProvider::new(), true);
+    }
+
+    #[test]
+    fn a_bounded_provider_keeps_only_the_newest_versions() {
+        let p = MemoryStateStoreProvider::with_retained_versions(2);
+        let id = StoreId::new(0, 0, "default");
+        for v in 0..5u64 {
+            let mut s = p.open(&id, v).unwrap();
+            let mut b = WriteBatch::new();
+            b.put(v.to_be_bytes().to_vec(), vec![]);
+            s.apply(b).unwrap();
+            s.commit().unwrap();
+        }
+        assert_eq!(p.open(&id, 5).unwrap().metrics().num_keys, 5);
+        assert!(p.open(&id, 4).is_ok());
+        let err = p.open(&id, 3).err().unwrap();
+        assert_eq!(err.error_class(), "STATE_STORE_VERSION_NOT_FOUND");
     }
 
     #[test]

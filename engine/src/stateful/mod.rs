@@ -172,7 +172,12 @@ impl StateRun {
         output_mode: OutputMode,
     ) -> EngineResult<Self> {
         let (provider, local): (Arc<dyn StateStoreProvider>, _) = match backend {
-            StateBackend::Memory => (Arc::new(MemoryStateStoreProvider::new()), None),
+            // A run opens only the newest version: keep two (Spark's
+            // maxBatchesToRetainInMemory), not a full copy per retained batch.
+            StateBackend::Memory => (
+                Arc::new(MemoryStateStoreProvider::with_retained_versions(2)),
+                None,
+            ),
             StateBackend::RocksDb(config) => {
                 let dir = state_dir.ok_or_else(|| {
                     Error::user(
