@@ -177,4 +177,11 @@ pub trait StateStoreProvider: Send + Sync + fmt::Debug {
 
     /// Forgets the versions of `id` below `version` (with the batch retention).
     fn purge_below(&self, id: &StoreId, version: u64) -> Result<()>;
+
+    /// Waits until every version up to `version` that was committed is durable in the
+    /// checkpoint, and reports a background upload's failure. Synchronous backends are durable
+    /// at commit.
+    fn wait_durable(&self, _version: u64) -> Result<()> {
+        Ok(())
+    }
 }

@@ -50,6 +50,10 @@ pub struct RocksDbConfig {
     pub write_buffer_bytes: usize,
     /// Take a snapshot every this many versions (default 10, Spark's `minDeltasForSnapshot`).
     pub snapshot_interval: u64,
+    /// Asynchronous checkpointing: a commit applies the version to the local instance and
+    /// returns; its changelog (and snapshot) is written to the checkpoint in the background,
+    /// at most one at a time per store, and [`StateStoreProvider::wait_durable`] waits for it.
+    pub async_checkpoint: bool,
 }
 
 impl Default for RocksDbConfig {
@@ -59,6 +63,7 @@ impl Default for RocksDbConfig {
             memtable_bytes: 64 << 20,
             write_buffer_bytes: 16 << 20,
             snapshot_interval: 10,
+            async_checkpoint: false,
         }
     }
 }
@@ -77,6 +82,31 @@ impl std::fmt::Debug for Shared {
     }
 }
 
+/// A version being made durable in the background.
+#[derive(Debug)]
+struct Upload {
+    version: u64,
+    handle: std::thread::JoinHandle<Result<Option<snapshot::Uploaded>>>,
+}
+
+type Uploads = Arc<Mutex<HashMap<StoreId, Upload>>>;
+
+/// Waits for `id`'s upload in flight, if any; its error is the store's.
+fn finish_upload(uploads: &Uploads, id: &StoreId) -> Result<()> {
+    let pending = uploads
+        .lock()
+        .map_err(|_| backend(id, "lock poisoned"))?
+        .remove(id);
+    match pending {
+        Some(u) => u
+            .handle
+            .join()
+            .map_err(|_| backend(id, "the background upload panicked"))?
+            .map(|_| ()),
+        None => Ok(()),
+    }
+}
+
 /// State in RocksDB, made durable through changelog files in the checkpoint.
 #[derive(Debug)]
 pub struct RocksDbStateStoreProvider {
@@ -84,6 +114,21 @@ pub struct RocksDbStateStoreProvider {
     local_dir: PathBuf,
     shared: Shared,
     open: Mutex<HashMap<StoreId, Arc<DB>>>,
+    uploads: Uploads,
+}
+
+impl Drop for RocksDbStateStoreProvider {
+    fn drop(&mut self) {
+        // Let background uploads finish before the instances close.
+        let ids: Vec<StoreId> = self
+            .uploads
+            .lock()
+            .map(|u| u.keys().cloned().collect())
+            .unwrap_or_default();
+        for id in ids {
+            let _ = finish_upload(&self.uploads, &id);
+        }
+    }
 }
 
 impl RocksDbStateStoreProvider {
@@ -116,6 +161,7 @@ impl RocksDbStateStoreProvider {
                 config,
             },
             open: Mutex::new(HashMap::new()),
+            uploads: Arc::new(Mutex::new(HashMap::new())),
         }
     }
 
@@ -367,6 +413,15 @@ fn write(db: &DB, id: &StoreId, batch: &WriteBatch, version: u64) -> Result<()> 
     db.write(wb).map_err(|e| backend(id, e))
 }
 
+/// Writes changelog `version` whole (a temporary file renamed), so it is complete or absent.
+fn write_changelog(id: &StoreId, dir: &Path, version: u64, bytes: &[u8]) -> Result<()> {
+    std::fs::create_dir_all(dir).map_err(|e| backend(id, e))?;
+    let path = dir.join(format!("{version}.changelog"));
+    let tmp = dir.join(format!(".{version}.changelog.tmp"));
+    std::fs::write(&tmp, bytes).map_err(|e| backend(id, e))?;
+    std::fs::rename(&tmp, &path).map_err(|e| backend(id, e))
+}
+
 /// FNV-1a, 64 bits: enough to notice a damaged or truncated changelog.
 fn checksum(bytes: &[u8]) -> u64 {
     bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, b| {
@@ -424,9 +479,31 @@ impl StateStoreProvider for RocksDbStateStoreProvider {
         true
     }
 
+    fn wait_durable(&self, version: u64) -> Result<()> {
+        let ids: Vec<StoreId> = self
+            .uploads
+            .lock()
+            .map_err(|_| Error::Backend {
+                store: "uploads".into(),
+                message: "lock poisoned".into(),
+            })?
+            .iter()
+            .filter(|(_, u)| u.version <= version)
+            .map(|(id, _)| id.clone())
+            .collect();
+        for id in ids {
+            finish_upload(&self.uploads, &id)?;
+        }
+        Ok(())
+    }
+
     fn open(&self, id: &StoreId, version: u64) -> Result<Box<dyn StateStore>> {
         let mut db = self.db(id)?;
         let local = local_version(&db, id)?;
+        if local != version {
+            // A rebuild reads the checkpoint: the upload in flight must be there first.
+            finish_upload(&self.uploads, id)?;
+        }
         if local < version && self.has_changelogs(id, local + 1, version) {
             self.replay(id, &db, local + 1, version)?;
         } else if local != version {
@@ -460,10 +537,17 @@ impl StateStoreProvider for RocksDbStateStoreProvider {
             snapshot_interval: self.shared.config.snapshot_interval,
             uploaded: None,
             key_delta: Some(0),
+            uploads: self
+                .shared
+                .config
+                .async_checkpoint
+                .then(|| Arc::clone(&self.uploads)),
         }))
     }
 
     fn purge_below(&self, id: &StoreId, version: u64) -> Result<()> {
+        // An upload in flight adds files no manifest lists yet: never purge under it.
+        finish_upload(&self.uploads, id)?;
         snapshot::purge(&self.store_dir(id), version).map_err(|e| backend(id, e))?;
         Ok(())
     }
@@ -484,6 +568,8 @@ struct RocksDbStateStore {
     uploaded: Option<snapshot::Uploaded>,
     /// The key count change the applied batches stated; `None` once one did not.
     key_delta: Option<i64>,
+    /// With async checkpointing, where the provider tracks this store's upload in flight.
+    uploads: Option<Uploads>,
 }
 
 impl StateStore for RocksDbStateStore {
@@ -593,27 +679,53 @@ impl StateStore for RocksDbStateStore {
         } else {
             self.key_delta = Some(0);
         }
+        let snapshot_due =
+            self.snapshot_interval > 0 && next.is_multiple_of(self.snapshot_interval);
+        if let Some(uploads) = self.uploads.clone() {
+            // Asynchronous: at most one upload in flight per store, so wait for the last one
+            // (its failure is this commit's), apply locally, and write the changelog (and the
+            // snapshot, fixed locally now) in the background.
+            finish_upload(&uploads, &self.id)?;
+            write(&self.db, &self.id, &batch, next)?;
+            if self.memtables.get_usage() > self.memtable_bytes {
+                self.db.flush().map_err(|e| backend(&self.id, e))?;
+            }
+            let staged = if snapshot_due {
+                Some(snapshot::stage(&self.db, &self.id, &self.db_path, next)?)
+            } else {
+                None
+            };
+            let (id, dir) = (self.id.clone(), self.changelog_dir.clone());
+            let bytes = encode_changelog(&batch);
+            let handle = std::thread::spawn(move || {
+                write_changelog(&id, &dir, next, &bytes)?;
+                staged.map(|s| snapshot::upload(s, &id, &dir)).transpose()
+            });
+            uploads
+                .lock()
+                .map_err(|_| backend(&self.id, "lock poisoned"))?
+                .insert(
+                    self.id.clone(),
+                    Upload {
+                        version: next,
+                        handle,
+                    },
+                );
+            self.uploaded = None;
+            self.version = next;
+            return Ok(next);
+        }
         // The changelog first: once it is in the checkpoint, the version can be rebuilt.
-        std::fs::create_dir_all(&self.changelog_dir).map_err(|e| backend(&self.id, e))?;
-        let path = self.changelog_dir.join(format!("{next}.changelog"));
-        let tmp = self.changelog_dir.join(format!(".{next}.changelog.tmp"));
-        std::fs::write(&tmp, encode_changelog(&batch)).map_err(|e| backend(&self.id, e))?;
-        std::fs::rename(&tmp, &path).map_err(|e| backend(&self.id, e))?;
+        write_changelog(&self.id, &self.changelog_dir, next, &encode_changelog(&batch))?;
         write(&self.db, &self.id, &batch, next)?;
         // The memtable bound is soft while writing; enforce it at each commit so memory stays
         // bounded however far background flushes lag.
         if self.memtables.get_usage() > self.memtable_bytes {
             self.db.flush().map_err(|e| backend(&self.id, e))?;
         }
-        self.uploaded = if self.snapshot_interval > 0 && next.is_multiple_of(self.snapshot_interval)
-        {
-            Some(snapshot::take(
-                &self.db,
-                &self.id,
-                &self.db_path,
-                &self.changelog_dir,
-                next,
-            )?)
+        self.uploaded = if snapshot_due {
+            let staged = snapshot::stage(&self.db, &self.id, &self.db_path, next)?;
+            Some(snapshot::upload(staged, &self.id, &self.changelog_dir)?)
         } else {
             None
         };
@@ -760,6 +872,58 @@ mod tests {
         assert_eq!(s.metrics().num_keys, all.len() as u64, "version {v}");
     }
 
+    fn asynchronous(dir: &tempfile::TempDir, local: &str) -> RocksDbStateStoreProvider {
+        RocksDbStateStoreProvider::with_config(
+            dir.path().join("checkpoint"),
+            dir.path().join(local),
+            RocksDbConfig {
+                snapshot_interval: 5,
+                async_checkpoint: true,
+                ..RocksDbConfig::default()
+            },
+        )
+    }
+
+    #[test]
+    fn the_asynchronous_provider_meets_the_state_store_contract() {
+        let dir = tempfile::tempdir().unwrap();
+        crate::conformance::check(&asynchronous(&dir, "local"), false);
+    }
+
+    #[test]
+    fn asynchronous_versions_become_durable_and_rebuild_elsewhere() {
+        let dir = tempfile::tempdir().unwrap();
+        let id = StoreId::new(0, 0, "default");
+        let p = asynchronous(&dir, "local-a");
+        write_versions(&p, &id, 12);
+        // Committed locally at once, readable at the next version before any upload is waited
+        // for; durable after wait_durable.
+        check_version(p.open(&id, 12).unwrap().as_ref(), 12);
+        p.wait_durable(12).unwrap();
+        assert!(p.changelog(&id, 12).exists());
+        let store_dir = dir.path().join("checkpoint/0/0/default");
+        assert_eq!(snapshot::list(&store_dir), vec![5, 10]);
+        check_version(asynchronous(&dir, "local-b").open(&id, 12).unwrap().as_ref(), 12);
+    }
+
+    #[test]
+    fn a_failed_asynchronous_upload_fails_the_store() {
+        let dir = tempfile::tempdir().unwrap();
+        let id = StoreId::new(0, 0, "default");
+        let p = asynchronous(&dir, "local");
+        write_versions(&p, &id, 1);
+        p.wait_durable(1).unwrap();
+        // The store's checkpoint folder becomes a file: the next upload cannot write.
+        let store_dir = dir.path().join("checkpoint/0/0/default");
+        std::fs::remove_dir_all(&store_dir).unwrap();
+        std::fs::write(&store_dir, b"not a folder").unwrap();
+        let mut s = p.open(&id, 1).unwrap();
+        s.apply(WriteBatch::new()).unwrap();
+        s.commit().unwrap();
+        let err = p.wait_durable(2).unwrap_err();
+        assert_eq!(err.error_class(), "STATE_STORE_IO_ERROR", "{err}");
+    }
+
     #[test]
     fn snapshots_let_old_changelogs_go_and_a_rebuild_start_from_them() {
         let dir = tempfile::tempdir().unwrap();
@@ -820,6 +984,7 @@ mod tests {
                 memtable_bytes: budget / 2,
                 write_buffer_bytes: 1 << 20,
                 snapshot_interval: 10,
+                async_checkpoint: false,
             },
         );
         let id = StoreId::new(0, 0, "default");

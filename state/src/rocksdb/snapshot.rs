@@ -7,9 +7,10 @@
 //! <store dir>/files/<v>-<instance>-<name>     the snapshot's MANIFEST, CURRENT and OPTIONS files
 //! ```
 //!
-//! Taking one: flush, make a RocksDB checkpoint of the instance (hard links, so nothing is
-//! copied locally), copy the files the checkpoint does not have yet, then write the manifest:
-//! until the manifest exists the snapshot does not. SST files are immutable and numbered per
+//! Taking one: flush and make a RocksDB checkpoint of the instance (hard links, so nothing is
+//! copied locally) — [`stage`], before the instance changes again — then copy the files the
+//! checkpoint does not have yet and write the manifest — [`upload`], which may run in the
+//! background: until the manifest exists the snapshot does not. SST files are immutable and numbered per
 //! instance, and every instance gets a fresh ID when it is created or restored, so an uploaded
 //! name always means the same bytes.
 
@@ -123,25 +124,45 @@ fn copy_whole(from: &Path, to: &Path) -> std::io::Result<u64> {
     Ok(n)
 }
 
-/// Makes the instance `db` (at `version`, files in `db_path`) a snapshot in `store_dir`.
-pub(super) fn take(
-    db: &DB,
-    id: &StoreId,
-    db_path: &Path,
-    store_dir: &Path,
+/// A snapshot made locally (hard links of the instance's files at one version), not uploaded.
+#[derive(Debug)]
+pub(super) struct Staged {
     version: u64,
-) -> Result<Uploaded> {
+    dir: PathBuf,
+    instance: String,
+    started: Instant,
+}
+
+/// Fixes the instance `db` (at `version`, files in `db_path`) as a local RocksDB checkpoint: the
+/// part of a snapshot that must happen before the instance changes again.
+pub(super) fn stage(db: &DB, id: &StoreId, db_path: &Path, version: u64) -> Result<Staged> {
     let started = Instant::now();
-    let io = |e: std::io::Error| backend(id, e);
     db.flush().map_err(|e| backend(id, e))?;
-    let staging = db_path.with_extension(format!("snapshot-{version}"));
-    if staging.exists() {
-        std::fs::remove_dir_all(&staging).map_err(io)?;
+    let dir = db_path.with_extension(format!("snapshot-{version}"));
+    if dir.exists() {
+        std::fs::remove_dir_all(&dir).map_err(|e| backend(id, e))?;
     }
     Checkpoint::new(db)
-        .and_then(|c| c.create_checkpoint(&staging))
+        .and_then(|c| c.create_checkpoint(&dir))
         .map_err(|e| backend(id, e))?;
-    let instance = instance(db, id)?;
+    Ok(Staged {
+        version,
+        dir,
+        instance: instance(db, id)?,
+        started,
+    })
+}
+
+/// Copies a staged snapshot's new files into `store_dir` and writes its manifest (last: until
+/// then the snapshot does not exist); removes the local staging.
+pub(super) fn upload(staged: Staged, id: &StoreId, store_dir: &Path) -> Result<Uploaded> {
+    let io = |e: std::io::Error| backend(id, e);
+    let Staged {
+        version,
+        dir: staging,
+        instance,
+        started,
+    } = staged;
     let files_dir = store_dir.join(FILES);
     std::fs::create_dir_all(&files_dir).map_err(io)?;
     let mut up = Uploaded::default();
