@@ -24,6 +24,8 @@ pub struct BenchConfig {
     pub rows_per_batch: u64,
     /// Source partitions and DataFusion target partitions.
     pub partitions: usize,
+    /// Stateful workloads: asynchronous state checkpointing.
+    pub async_state_checkpoint: bool,
 }
 
 /// Summary statistics of a series.
@@ -85,8 +87,12 @@ fn workload_sql(cfg: &BenchConfig) -> Result<String> {
         "STREAM rate_micro_batch(rowsPerBatch => {}, numPartitions => {})",
         cfg.rows_per_batch, cfg.partitions
     );
+    let asynchronous = cfg.async_state_checkpoint;
     let table = |mode: &str, query: String| {
-        format!("CREATE STREAMING TABLE bench USING noop OPTIONS (outputMode '{mode}') AS {query}")
+        format!(
+            "CREATE STREAMING TABLE bench USING noop OPTIONS (outputMode '{mode}', \
+             asyncStateCheckpoint '{asynchronous}') AS {query}"
+        )
     };
     match cfg.workload.to_ascii_lowercase().as_str() {
         "q1" => Ok(format!(

@@ -47,7 +47,7 @@ enum Command {
     },
     /// Run a named benchmark workload into the noop sink.
     Bench {
-        /// Workload: q1.
+        /// Workload: q1 (stateless), q2 (aggregation), q3 (windows), q4 (dedupe), q5 (join).
         #[arg(long, default_value = "q1")]
         workload: String,
         /// Measured batches.
@@ -65,6 +65,9 @@ enum Command {
         /// Print one JSON object instead of a table.
         #[arg(long)]
         json: bool,
+        /// Stateful workloads: asynchronous state checkpointing.
+        #[arg(long)]
+        async_state_checkpoint: bool,
     },
 }
 
@@ -185,6 +188,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             rows_per_batch,
             partitions,
             json,
+            async_state_checkpoint,
         } => {
             let report = run_bench(&BenchConfig {
                 workload,
@@ -192,6 +196,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                 warmup,
                 rows_per_batch,
                 partitions,
+                async_state_checkpoint,
             })
             .await?;
             if json {

@@ -368,4 +368,21 @@ fn every_stateful_bench_workload_runs_and_reports_its_state() {
         }
         assert!(r["state"]["commitTimeMs"].is_number(), "{r}");
     }
+    // With asynchronous state checkpointing, the same state.
+    let (ok, stdout, stderr) = weir(&[
+        "bench",
+        "--workload",
+        "q2",
+        "--batches",
+        "3",
+        "--warmup",
+        "1",
+        "--rows-per-batch",
+        "2000",
+        "--async-state-checkpoint",
+        "--json",
+    ]);
+    assert!(ok, "{stderr}");
+    let r: serde_json::Value = serde_json::from_str(stdout.trim()).unwrap();
+    assert_eq!(r["state"]["numRowsTotal"], 1000, "{r}");
 }

@@ -186,6 +186,17 @@ async fn a_reader_of_a_sink_folder_never_sees_the_part_file_of_a_crashed_first_b
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn killed_at_every_stage_a_windowed_aggregation_emits_every_window_once_and_whole() {
+    windowed_aggregation_survives_kills("").await;
+}
+
+/// With asynchronous state checkpointing a kill can leave two batches uncommitted (the second
+/// planned while the first's state was being written): both are re-run.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_async_state_checkpointing_a_windowed_aggregation_survives_every_kill() {
+    windowed_aggregation_survives_kills("OPTIONS (asyncStateCheckpoint 'true')").await;
+}
+
+async fn windowed_aggregation_survives_kills(options: &str) {
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("out");
     let ck = dir.path().join("ck");
@@ -193,7 +204,7 @@ async fn killed_at_every_stage_a_windowed_aggregation_emits_every_window_once_an
     // Batch b's rows are values 50b..50b+49 at b seconds; a window holds 5 batches and is
     // final once the watermark (the last event time, no delay) reaches its end.
     let sql = format!(
-        "CREATE STREAMING TABLE windows USING parquet LOCATION '{out}' AS \
+        "CREATE STREAMING TABLE windows USING parquet LOCATION '{out}' {options} AS \
          SELECT window(timestamp, '5 seconds') AS w, count(*) AS n, sum(value) AS s \
          FROM STREAM rate_micro_batch(rowsPerBatch => {ROWS_PER_BATCH}, numPartitions => 2) \
          WATERMARK timestamp DELAY OF INTERVAL 0 SECONDS \

@@ -1191,3 +1191,73 @@ async fn damaged_state_files_are_named_and_nothing_runs_on_them() {
         "the failed batch did not commit"
     );
 }
+
+#[tokio::test]
+async fn async_state_checkpointing_gives_the_same_results_and_commits_every_batch_on_stop() {
+    let t = setup();
+    let ck = tempfile::tempdir().unwrap();
+    let start = |asynchronous: bool| {
+        let t = &t;
+        let ck = ck.path().to_path_buf();
+        async move {
+            let df = t.session.context().sql(COUNTS).await.unwrap();
+            let outputs = Arc::clone(&t.outputs);
+            t.session
+                .write_stream(df)
+                .output_mode(OutputMode::Update)
+                .checkpoint_location(ck.to_str().unwrap())
+                .async_state_checkpoint(asynchronous)
+                .foreach_batch(move |id, batches| {
+                    let outputs = Arc::clone(&outputs);
+                    async move {
+                        outputs.lock().unwrap().insert(id, batches);
+                        Ok(())
+                    }
+                })
+                .start()
+                .await
+                .unwrap()
+        }
+    };
+    let q = start(true).await;
+    t.stream
+        .push(rows(&[(1, Some(10)), (1, Some(5)), (2, None)]))
+        .unwrap();
+    q.process_all_available().await.unwrap();
+    t.stream.push(rows(&[(2, Some(7)), (3, Some(1))])).unwrap();
+    q.process_all_available().await.unwrap();
+    // Idle: the batch whose state was in flight is committed too.
+    assert!(ck.path().join("commits/1").exists());
+    t.stream.push(rows(&[(1, Some(1))])).unwrap();
+    q.process_all_available().await.unwrap();
+    q.stop().await;
+    assert!(
+        ck.path().join("commits/2").exists(),
+        "a clean stop commits the last batch"
+    );
+    assert_eq!(t.output(0), strs(&[&["1", "2", "15"], &["2", "1", "NULL"]]));
+    assert_eq!(t.output(1), strs(&[&["2", "2", "7"], &["3", "1", "1"]]));
+    assert_eq!(t.output(2), strs(&[&["1", "3", "16"]]));
+    // The state was durable: a synchronous restart continues from it.
+    t.stream.push(rows(&[(3, Some(2))])).unwrap();
+    let q = start(false).await;
+    q.process_all_available().await.unwrap();
+    assert_eq!(t.output(3), strs(&[&["3", "2", "3"]]));
+    q.stop().await;
+
+    let err = t
+        .session
+        .write_stream(t.session.context().sql(COUNTS).await.unwrap())
+        .output_mode(OutputMode::Update)
+        .state_store(StateBackend::Memory)
+        .async_state_checkpoint(true)
+        .format("noop")
+        .start()
+        .await
+        .unwrap_err();
+    assert_eq!(
+        err.error_class(),
+        "ASYNC_STATE_CHECKPOINT_NOT_SUPPORTED",
+        "{err}"
+    );
+}

@@ -61,6 +61,9 @@ pub(crate) struct Execution {
     pub(crate) has_watermarks: bool,
     /// With several watermarks, the query's is their maximum (Spark's `max` policy).
     pub(crate) max_watermark: bool,
+    /// Asynchronous state checkpointing: `commits/N` waits for batch N's state to be durable
+    /// while batch N + 1 runs.
+    pub(crate) async_state_checkpoint: bool,
 }
 
 /// What executing one batch gave.
@@ -81,7 +84,12 @@ pub(crate) enum RestartPoint {
         commit: CommitEntry,
     },
     /// Re-run `batch`, which was logged (`entry`) but not committed.
-    Replay { batch: u64, entry: OffsetEntry },
+    Replay {
+        batch: u64,
+        entry: OffsetEntry,
+        /// Logged batches after it, also uncommitted (asynchronous state checkpointing).
+        later: Vec<OffsetEntry>,
+    },
 }
 
 impl RestartPoint {
@@ -125,9 +133,20 @@ impl RestartPoint {
                     last,
                 )
             }
-            Resume::Replay { batch } => {
+            Resume::Replay { batch, last } => {
                 let entry = checkpoint.read_offsets(batch).await?;
-                (Self::Replay { batch, entry }, batch)
+                let mut later = vec![];
+                for b in batch + 1..=last {
+                    later.push(checkpoint.read_offsets(b).await?);
+                }
+                (
+                    Self::Replay {
+                        batch,
+                        entry,
+                        later,
+                    },
+                    batch,
+                )
             }
         };
         let entry = match &point {
@@ -173,6 +192,13 @@ impl RestartPoint {
     }
 }
 
+/// A batch that ran, waiting for its state to be durable before `commits/N`.
+struct Pending {
+    batch: u64,
+    commit: CommitEntry,
+    ends: Vec<Offset>,
+}
+
 enum TriggerOutcome {
     Ran,
     /// No new data; `latest_offset` is how long asking the sources took.
@@ -186,7 +212,14 @@ struct Loop {
     limits: Vec<ReadLimit>,
     starts: Vec<Offset>,
     next_batch: u64,
-    replay: Option<OffsetEntry>,
+    /// Logged but uncommitted batches to re-run first, oldest first.
+    replay: VecDeque<OffsetEntry>,
+    /// With asynchronous state checkpointing, the batch that ran but is not committed yet: it
+    /// commits once its state is durable, after the next batch ran (or when the query idles or
+    /// stops).
+    pending: Option<Pending>,
+    /// The newest committed batch.
+    last_committed: Option<u64>,
     /// Batch 0 of a fresh checkpoint is still to run even without new data (see
     /// [`MicroBatchStream::runs_first_batch_without_data`]).
     first_batch_ever: bool,
@@ -292,6 +325,7 @@ impl Execution {
             };
             streams.push(t.source().open(ctx).await?);
         }
+        let mut replay_later = vec![];
         let (next_batch, starts, replay, watermark_ms, last_batch_watermark_ms) =
             match self.restart.take() {
                 None => (
@@ -312,11 +346,17 @@ impl Execution {
                     commit.next_batch_watermark_ms,
                     entry.metadata.batch_watermark_ms,
                 ),
-                Some(RestartPoint::Replay { batch, entry }) => {
+                Some(RestartPoint::Replay {
+                    batch,
+                    entry,
+                    later,
+                }) => {
                     info!(
                         batch,
-                        "replaying the batch that was planned but not committed"
+                        later = later.len(),
+                        "replaying the batches that were planned but not committed"
                     );
+                    replay_later = later;
                     let starts = entry.sources.iter().map(|r| r.start.clone()).collect();
                     let watermark_ms = entry.metadata.batch_watermark_ms;
                     // The batch drops late rows with the watermark of the batch before it.
@@ -340,6 +380,8 @@ impl Execution {
         let first_batch_ever = next_batch == 0
             && replay.is_none()
             && streams.iter().any(|s| s.runs_first_batch_without_data());
+        let mut replay: VecDeque<OffsetEntry> = replay.into_iter().collect();
+        replay.extend(replay_later);
         let mut lp = Loop {
             streams,
             limits,
@@ -350,6 +392,8 @@ impl Execution {
             event_time_max: BTreeMap::new(),
             next_batch,
             replay,
+            pending: None,
+            last_committed: next_batch.checked_sub(1),
             last_trigger_start: None,
             last_event: None,
         };
@@ -362,7 +406,7 @@ impl Execution {
         let mut ran = 0u64;
         loop {
             if *stop.borrow() || self.max_batches.is_some_and(|m| ran >= m) {
-                return Ok(());
+                break;
             }
             let trigger_start = Instant::now();
             let trigger_epoch_ms = now_ms();
@@ -383,17 +427,19 @@ impl Execution {
                         s.status = status("Waiting for next trigger", true, false);
                     });
                     if self.trigger == Trigger::Once {
-                        return Ok(());
+                        break;
                     }
                 }
                 TriggerOutcome::NoData { latest_offset } => {
+                    // Nothing to overlap with: the batch waiting for durable state commits.
+                    self.finish_pending(&mut lp).await?;
                     self.shared.update(|s| {
                         s.last_idle_trigger = seq;
                         s.status = status("Waiting for data to arrive", false, false);
                     });
                     if matches!(self.trigger, Trigger::Once | Trigger::AvailableNow) {
                         info!("all data available at start is processed; stopping");
-                        return Ok(());
+                        break;
                     }
                     // As Spark's ProgressReporter.updateIdleness: once per interval since the
                     // last progress, record a no-data progress entry; post an idle event for
@@ -440,6 +486,39 @@ impl Execution {
                 }
             }
         }
+        // A clean stop commits the batch whose state was still being made durable.
+        self.finish_pending(&mut lp).await
+    }
+
+    /// Commits the batch waiting for its state to be durable, if any.
+    async fn finish_pending(&mut self, lp: &mut Loop) -> Result<()> {
+        let Some(p) = lp.pending.take() else {
+            return Ok(());
+        };
+        if let Some((run, _)) = &self.state_run {
+            // Batch N's state is version N + 1.
+            run.provider
+                .wait_durable(p.batch + 1)
+                .map_err(|e| Error::User(e.into()))?;
+        }
+        self.commit_batch(lp, p.batch, &p.commit, &p.ends).await
+    }
+
+    /// Writes `commits/<batch>` and tells the sources.
+    async fn commit_batch(
+        &mut self,
+        lp: &mut Loop,
+        batch: u64,
+        commit: &CommitEntry,
+        ends: &[Offset],
+    ) -> Result<()> {
+        self.checkpoint.write_commit(batch, commit).await?;
+        pause_point("after_commit", batch);
+        for (s, end) in lp.streams.iter_mut().zip(ends) {
+            s.commit(end).await?;
+        }
+        lp.last_committed = Some(batch);
+        Ok(())
     }
 
     async fn run_trigger(
@@ -450,7 +529,7 @@ impl Execution {
     ) -> Result<TriggerOutcome> {
         let batch = lp.next_batch;
         let mut durations: BTreeMap<String, u64> = BTreeMap::new();
-        let (entry, latest): (OffsetEntry, Vec<Option<Offset>>) = match lp.replay.take() {
+        let (entry, latest): (OffsetEntry, Vec<Option<Offset>>) = match lp.replay.pop_front() {
             Some(e) => {
                 let latest = lp
                     .streams
@@ -501,8 +580,8 @@ impl Execution {
                 pause_point("before_wal", batch);
                 self.checkpoint.write_offsets(batch, &entry).await?;
                 pause_point("after_wal", batch);
-                if batch > 0 {
-                    let below = purge_below(batch - 1, self.min_batches_to_retain);
+                if let Some(committed) = lp.last_committed {
+                    let below = purge_below(committed, self.min_batches_to_retain);
                     if below > 0 {
                         self.checkpoint.purge_below(below).await?;
                         // Re-running batch `below` needs state version `below`.
@@ -586,17 +665,22 @@ impl Execution {
             m
         });
         let t = Instant::now();
-        self.checkpoint
-            .write_commit(
+        let commit = CommitEntry {
+            next_batch_watermark_ms: lp.watermark_ms,
+        };
+        let ends: Vec<Offset> = entry.sources.iter().map(|r| r.end.clone()).collect();
+        if self.async_state_checkpoint {
+            // This batch's state is made durable in the background while the next batch runs:
+            // commit the previous batch now (its state is durable once this batch's operators
+            // committed, one upload per store at a time), and this one after the next.
+            self.finish_pending(lp).await?;
+            lp.pending = Some(Pending {
                 batch,
-                &CommitEntry {
-                    next_batch_watermark_ms: lp.watermark_ms,
-                },
-            )
-            .await?;
-        pause_point("after_commit", batch);
-        for (s, r) in lp.streams.iter_mut().zip(&entry.sources) {
-            s.commit(&r.end).await?;
+                commit,
+                ends,
+            });
+        } else {
+            self.commit_batch(lp, batch, &commit, &ends).await?;
         }
         durations.insert("commitOffsets".into(), ms(t.elapsed()));
         let trigger_ms = trigger_start.elapsed();

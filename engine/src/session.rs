@@ -339,6 +339,8 @@ pub struct DataStreamWriter {
     allow_state_definition_change: bool,
     /// With several watermarks, the query's is their maximum rather than their minimum.
     max_watermark: bool,
+    /// Asynchronous state checkpointing (RocksDB only).
+    async_state_checkpoint: bool,
     /// A malformed writer-level option, reported by `start`.
     invalid: Option<Error>,
 }
@@ -372,6 +374,7 @@ impl DataStreamWriter {
             state_backend: session.state_backend.read().map(|b| *b).unwrap_or_default(),
             allow_state_definition_change: false,
             max_watermark: false,
+            async_state_checkpoint: false,
             invalid: None,
             session,
         }
@@ -383,14 +386,28 @@ impl DataStreamWriter {
         self
     }
 
-    /// Sets a sink option. Four keys configure the query instead: `checkpointLocation`,
-    /// `stateStore` (`rocksdb` or `memory`), `allowStateDefinitionChange` (`true`/`false`) and
+    /// Sets a sink option. Five keys configure the query instead: `checkpointLocation`,
+    /// `stateStore` (`rocksdb` or `memory`), `allowStateDefinitionChange` (`true`/`false`),
     /// `multipleWatermarkPolicy` (`min`, the default, or `max`, as Spark's
-    /// `spark.sql.streaming.multipleWatermarkPolicy`).
+    /// `spark.sql.streaming.multipleWatermarkPolicy`) and `asyncStateCheckpoint` (`true`/`false`).
     pub fn option(mut self, key: &str, value: impl ToString) -> Self {
         let value = value.to_string();
         if key.eq_ignore_ascii_case("checkpointLocation") {
             self.checkpoint = Some(value);
+        } else if key.eq_ignore_ascii_case("asyncStateCheckpoint") {
+            match value.to_ascii_lowercase().as_str() {
+                "true" => self.async_state_checkpoint = true,
+                "false" => self.async_state_checkpoint = false,
+                _ => {
+                    self.invalid = Some(Error::user(
+                        "STREAMING_INVALID_OPTION",
+                        "42616",
+                        format!(
+                            "Option 'asyncStateCheckpoint' must be true or false, not '{value}'."
+                        ),
+                    ))
+                }
+            }
         } else if key.eq_ignore_ascii_case("multipleWatermarkPolicy") {
             match value.to_ascii_lowercase().as_str() {
                 "min" => self.max_watermark = false,
@@ -435,6 +452,14 @@ impl DataStreamWriter {
     /// backend it was created with.
     pub fn state_store(mut self, backend: StateBackend) -> Self {
         self.state_backend = backend;
+        self
+    }
+
+    /// Asynchronous state checkpointing (RocksDB only): batch N + 1 runs while batch N's state
+    /// is written to the checkpoint, and `commits/N` waits for it; a restart may re-run two
+    /// batches. Off by default.
+    pub fn async_state_checkpoint(mut self, on: bool) -> Self {
+        self.async_state_checkpoint = on;
         self
     }
 
@@ -622,6 +647,23 @@ impl DataStreamWriter {
                 }
                 _ => self.state_backend,
             };
+            let backend = match (backend, self.async_state_checkpoint) {
+                (StateBackend::RocksDb(mut config), true) => {
+                    config.async_checkpoint = true;
+                    StateBackend::RocksDb(config)
+                }
+                (StateBackend::Memory, true) => {
+                    return Err(Error::user(
+                        "ASYNC_STATE_CHECKPOINT_NOT_SUPPORTED",
+                        "0A000",
+                        "Asynchronous state checkpointing needs the RocksDB state store, whose \
+                         versions are made durable in the checkpoint in the background; the \
+                         memory store keeps nothing durable. Use stateStore 'rocksdb', or turn \
+                         asyncStateCheckpoint off.",
+                    ));
+                }
+                (b, false) => b,
+            };
             let run = Arc::new(StateRun::open(
                 backend,
                 checkpoint.state_dir(),
@@ -669,9 +711,11 @@ impl DataStreamWriter {
         }
 
         let has_watermarks = !weir_planner::watermark::watermark_nodes(&plan).is_empty();
+        let async_state_checkpoint = self.async_state_checkpoint && state_run.is_some();
         let exec = Execution {
             has_watermarks,
             max_watermark,
+            async_state_checkpoint,
             shared,
             manager: inner.manager.clone(),
             state,

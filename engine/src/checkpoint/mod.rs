@@ -411,7 +411,7 @@ mod tests {
         assert_eq!(err.error_class(), "CONCURRENT_STREAM_LOG_UPDATE");
         assert_eq!(
             cp.resume_point().await.unwrap(),
-            Resume::Replay { batch: 0 }
+            Resume::Replay { batch: 0, last: 0 }
         );
         cp.write_commit(
             0,

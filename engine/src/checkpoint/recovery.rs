@@ -12,10 +12,13 @@ pub enum Resume {
         last: u64,
     },
     /// Batch `batch` was planned (its offsets are logged) but not committed: run it again with
-    /// exactly the logged offsets and watermark.
+    /// exactly the logged offsets and watermark, and so every later logged batch (with
+    /// asynchronous state checkpointing the batch after it may be logged too).
     Replay {
-        /// The batch to re-run.
+        /// The first batch to re-run.
         batch: u64,
+        /// The newest logged batch.
+        last: u64,
     },
 }
 
@@ -30,9 +33,14 @@ pub fn resume_point(offsets: &[u64], commits: &[u64]) -> Result<Resume, String> 
         return Ok(Resume::Fresh);
     };
     let latest_commit = commits.iter().max().copied();
+    // At most two uncommitted batches: the second was planned while the first's state was
+    // being made durable in the background.
     match latest_commit {
         Some(c) if c == latest => Ok(Resume::After { last: latest }),
-        Some(c) if c + 1 == latest => Ok(Resume::Replay { batch: latest }),
+        Some(c) if c + 1 == latest || c + 2 == latest => Ok(Resume::Replay {
+            batch: c + 1,
+            last: latest,
+        }),
         Some(c) if c > latest => Err(format!(
             "commits/{c} exists but the newest offsets entry is offsets/{latest}: the offsets \
              log lost entries"
@@ -42,9 +50,10 @@ pub fn resume_point(offsets: &[u64], commits: &[u64]) -> Result<Resume, String> 
              batches {}..{latest} were planned without the one before being committed",
             c + 1
         )),
-        None if latest == offsets.iter().min().copied().unwrap_or(0) && latest == 0 => {
-            Ok(Resume::Replay { batch: 0 })
-        }
+        None if latest <= 1 && offsets.iter().min() == Some(&0) => Ok(Resume::Replay {
+            batch: 0,
+            last: latest,
+        }),
         None => Err(format!(
             "offsets/{latest} exists but no batch was ever committed: the commits log was deleted"
         )),
@@ -70,20 +79,36 @@ mod tests {
         );
         assert_eq!(
             resume_point(&[0, 1, 2], &[0, 1]),
-            Ok(Resume::Replay { batch: 2 })
+            Ok(Resume::Replay { batch: 2, last: 2 })
         );
-        assert_eq!(resume_point(&[0], &[]), Ok(Resume::Replay { batch: 0 }));
+        assert_eq!(
+            resume_point(&[0], &[]),
+            Ok(Resume::Replay { batch: 0, last: 0 })
+        );
         // Purged logs keep working: only the newest entries matter.
         assert_eq!(
             resume_point(&[98, 99, 100], &[98, 99]),
-            Ok(Resume::Replay { batch: 100 })
+            Ok(Resume::Replay {
+                batch: 100,
+                last: 100
+            })
+        );
+        // Asynchronous state checkpointing: two batches may be uncommitted.
+        assert_eq!(
+            resume_point(&[0, 1, 2, 3], &[0, 1]),
+            Ok(Resume::Replay { batch: 2, last: 3 })
+        );
+        assert_eq!(
+            resume_point(&[0, 1], &[]),
+            Ok(Resume::Replay { batch: 0, last: 1 })
         );
     }
 
     #[test]
     fn inconsistent_logs_are_refused_not_guessed() {
         assert!(resume_point(&[], &[0]).is_err());
-        assert!(resume_point(&[0, 1, 2, 3], &[0, 1]).is_err());
+        assert!(resume_point(&[0, 1, 2, 3, 4], &[0, 1]).is_err());
+        assert!(resume_point(&[0, 1, 2], &[]).is_err());
         assert!(resume_point(&[0, 1], &[0, 1, 2]).is_err());
         assert!(resume_point(&[5, 6], &[]).is_err());
     }

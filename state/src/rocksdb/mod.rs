@@ -716,7 +716,12 @@ impl StateStore for RocksDbStateStore {
             return Ok(next);
         }
         // The changelog first: once it is in the checkpoint, the version can be rebuilt.
-        write_changelog(&self.id, &self.changelog_dir, next, &encode_changelog(&batch))?;
+        write_changelog(
+            &self.id,
+            &self.changelog_dir,
+            next,
+            &encode_changelog(&batch),
+        )?;
         write(&self.db, &self.id, &batch, next)?;
         // The memtable bound is soft while writing; enforce it at each commit so memory stays
         // bounded however far background flushes lag.
@@ -903,7 +908,13 @@ mod tests {
         assert!(p.changelog(&id, 12).exists());
         let store_dir = dir.path().join("checkpoint/0/0/default");
         assert_eq!(snapshot::list(&store_dir), vec![5, 10]);
-        check_version(asynchronous(&dir, "local-b").open(&id, 12).unwrap().as_ref(), 12);
+        check_version(
+            asynchronous(&dir, "local-b")
+                .open(&id, 12)
+                .unwrap()
+                .as_ref(),
+            12,
+        );
     }
 
     #[test]
