@@ -1261,3 +1261,33 @@ async fn async_state_checkpointing_gives_the_same_results_and_commits_every_batc
         "{err}"
     );
 }
+
+#[tokio::test]
+async fn a_failed_asynchronous_state_upload_fails_the_query_before_its_batch_commits() {
+    let t = setup();
+    let ck = tempfile::tempdir().unwrap();
+    let df = t.session.context().sql(COUNTS).await.unwrap();
+    let q = t
+        .session
+        .write_stream(df)
+        .output_mode(OutputMode::Update)
+        .checkpoint_location(ck.path().to_str().unwrap())
+        .async_state_checkpoint(true)
+        .format("noop")
+        .start()
+        .await
+        .unwrap();
+    t.stream.push(rows(&[(1, Some(1)), (2, Some(2))])).unwrap();
+    q.process_all_available().await.unwrap();
+    assert!(ck.path().join("commits/0").exists());
+    // Every store's checkpoint folder becomes a file: the next batch's uploads cannot write.
+    for part in std::fs::read_dir(ck.path().join("state/0")).unwrap() {
+        let dir = part.unwrap().path().join("default");
+        std::fs::remove_dir_all(&dir).unwrap();
+        std::fs::write(&dir, b"not a folder").unwrap();
+    }
+    t.stream.push(rows(&[(1, Some(3)), (2, Some(4))])).unwrap();
+    let err = q.process_all_available().await.unwrap_err();
+    assert_eq!(err.cause_error_class(), "STATE_STORE_IO_ERROR", "{err}");
+    assert!(!ck.path().join("commits/1").exists(), "the batch did not commit");
+}
