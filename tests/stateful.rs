@@ -1289,5 +1289,8 @@ async fn a_failed_asynchronous_state_upload_fails_the_query_before_its_batch_com
     t.stream.push(rows(&[(1, Some(3)), (2, Some(4))])).unwrap();
     let err = q.process_all_available().await.unwrap_err();
     assert_eq!(err.cause_error_class(), "STATE_STORE_IO_ERROR", "{err}");
-    assert!(!ck.path().join("commits/1").exists(), "the batch did not commit");
+    assert!(
+        !ck.path().join("commits/1").exists(),
+        "the batch did not commit"
+    );
 }
