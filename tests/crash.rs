@@ -226,6 +226,17 @@ async fn windowed_aggregation_survives_kills(options: &str) {
     assert!(kills >= 20);
     let status = weir(&sql, ck, &["--max-batches", "6"]).status().unwrap();
     assert!(status.success());
+    // Each killed run left its local RocksDB folder; the next run of the query removed it, and
+    // the clean last run its own.
+    let meta: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(format!("{ck}/metadata")).unwrap()).unwrap();
+    let prefix = format!("weir-state-{}-", meta["id"].as_str().unwrap());
+    let left: Vec<String> = std::fs::read_dir(std::env::temp_dir())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().to_string())
+        .filter(|n| n.starts_with(&prefix))
+        .collect();
+    assert!(left.is_empty(), "local state folders left behind: {left:?}");
 
     let session = WeirSession::new();
     session

@@ -300,7 +300,8 @@ impl Execution {
             self.checkpoint.delete_if_temporary();
         }
         // Free the checkpoint and the query's slot before anyone waiting sees it stopped, so a
-        // restart right after await_termination() is not refused as concurrent.
+        // restart right after await_termination() is not refused as concurrent. (The state
+        // stores close when the run is dropped; a new run uses a local folder of its own.)
         self.checkpoint.release();
         self.manager.unregister(self.shared.id);
         self.shared.update(|s| {

@@ -667,6 +667,7 @@ impl DataStreamWriter {
             let run = Arc::new(StateRun::open(
                 backend,
                 checkpoint.state_dir(),
+                checkpoint.id(),
                 shared.run_id,
                 partitions,
                 self.output_mode,

@@ -163,10 +163,14 @@ pub(crate) struct StateRun {
 
 impl StateRun {
     /// Opens `backend` for one run: RocksDB keeps its changelogs in `state_dir` (the
-    /// checkpoint's `state/`) and its instances in a scratch directory of this run.
+    /// checkpoint's `state/`) and its instances in a local folder of this run
+    /// (`<temp>/weir-state-<query id>-<run id>`), removed when the run ends. A run killed
+    /// before that leaves its folder: the next run of the query removes it, so crashes do not
+    /// pile folders up.
     pub(crate) fn open(
         backend: StateBackend,
         state_dir: Option<PathBuf>,
+        query_id: uuid::Uuid,
         run_id: uuid::Uuid,
         partitions: usize,
         output_mode: OutputMode,
@@ -187,7 +191,17 @@ impl StateRun {
                          use a local checkpoint location.",
                     )
                 })?;
-                let local = std::env::temp_dir().join(format!("weir-state-{run_id}"));
+                let prefix = format!("weir-state-{query_id}-");
+                let local = std::env::temp_dir().join(format!("{prefix}{run_id}"));
+                // The checkpoint's lock is ours: other runs' folders are left by dead runs.
+                for stale in std::fs::read_dir(std::env::temp_dir())
+                    .into_iter()
+                    .flatten()
+                    .flatten()
+                    .filter(|e| e.file_name().to_string_lossy().starts_with(&prefix))
+                {
+                    let _ = std::fs::remove_dir_all(stale.path());
+                }
                 (
                     Arc::new(RocksDbStateStoreProvider::with_config(
                         dir,

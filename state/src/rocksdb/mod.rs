@@ -258,7 +258,7 @@ impl RocksDbStateStoreProvider {
             .ok_or_else(|| backend(id, "the meta column family is missing"))?;
         wb.put_cf(cf, VERSION_KEY, 0u64.to_le_bytes());
         wb.put_cf(cf, NUM_KEYS_KEY, 0u64.to_le_bytes());
-        db.write(wb).map_err(|e| backend(id, e))
+        db.write_opt(wb, &no_wal()).map_err(|e| backend(id, e))
     }
 
     fn available(&self, id: &StoreId) -> String {
@@ -334,6 +334,8 @@ fn open_db(path: &Path, shared: &Shared) -> std::result::Result<DB, rocksdb::Err
     opts.set_write_buffer_manager(&shared.memtables);
     opts.set_write_buffer_size(shared.config.write_buffer_bytes);
     opts.set_max_write_buffer_number(2);
+    // Writes skip the WAL (see `no_wal`): flush the data and the version marker together.
+    opts.set_atomic_flush(true);
     DB::open_cf(&opts, path, ["default", META_CF])
 }
 
@@ -410,7 +412,16 @@ fn write(db: &DB, id: &StoreId, batch: &WriteBatch, version: u64) -> Result<()> 
     }
     wb.put_cf(cf, VERSION_KEY, version.to_le_bytes());
     wb.put_cf(cf, NUM_KEYS_KEY, num_keys.to_le_bytes());
-    db.write(wb).map_err(|e| backend(id, e))
+    db.write_opt(wb, &no_wal()).map_err(|e| backend(id, e))
+}
+
+/// Writes to a local instance skip RocksDB's write-ahead log: the checkpoint's changelogs are
+/// the durable copy, and an instance that lost its unflushed writes in a crash reopens at an
+/// older version (the marker is written with the data) and is brought forward from them.
+fn no_wal() -> rocksdb::WriteOptions {
+    let mut wo = rocksdb::WriteOptions::default();
+    wo.disable_wal(true);
+    wo
 }
 
 /// Writes changelog `version` whole (a temporary file renamed), so it is complete or absent.
