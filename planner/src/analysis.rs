@@ -162,10 +162,7 @@ fn every_aggregation_has_event_time_key(plan: &LogicalPlan) -> bool {
         if is_aggregation(n) && is_streaming(n) {
             let ok = match n {
                 LogicalPlan::Aggregate(agg) => {
-                    let watermarked: Vec<String> = crate::watermark::watermark_nodes(&agg.input)
-                        .into_iter()
-                        .map(|w| w.column.name)
-                        .collect();
+                    let watermarked = crate::watermark::watermarked_columns(&agg.input);
                     agg.group_expr
                         .iter()
                         .any(|e| is_event_time_key(e, &watermarked))

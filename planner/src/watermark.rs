@@ -156,6 +156,31 @@ pub fn with_watermark(
     }))
 }
 
+/// The names of `plan`'s watermarked columns: each watermark node's column, and the aliases
+/// projections give them (`timestamp AS t`), as Spark keeps an aliased attribute's event-time
+/// metadata.
+pub fn watermarked_columns(plan: &LogicalPlan) -> Vec<String> {
+    let mut out: Vec<String> = plan
+        .inputs()
+        .into_iter()
+        .flat_map(watermarked_columns)
+        .collect();
+    if let Some(w) = WatermarkNode::of(plan) {
+        out.push(w.column.name.clone());
+    }
+    if let LogicalPlan::Projection(p) = plan {
+        for e in &p.expr {
+            if let Expr::Alias(a) = e
+                && let Expr::Column(c) = a.expr.as_ref()
+                && out.contains(&c.name)
+            {
+                out.push(a.name.clone());
+            }
+        }
+    }
+    out
+}
+
 /// The watermark nodes of `plan`, in plan-traversal order.
 pub fn watermark_nodes(plan: &LogicalPlan) -> Vec<WatermarkNode> {
     let mut out = vec![];

@@ -13,7 +13,7 @@
 //! Keys are the group columns encoded with arrow-row; values are the accumulators' state
 //! columns (`state_fields`), encoded the same way.
 
-use std::collections::HashMap;
+use datafusion::common::HashMap;
 use std::fmt;
 use std::sync::Arc;
 use std::time::Instant;

@@ -14,7 +14,7 @@
 //! stores each key's expiry (its first event time plus the watermark delay) as the value and
 //! evicts keys whose expiry the watermark has passed.
 
-use std::collections::HashSet;
+use datafusion::common::HashSet;
 use std::fmt;
 use std::sync::Arc;
 use std::time::Instant;

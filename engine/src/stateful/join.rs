@@ -19,7 +19,7 @@
 //! `lower <= right time - left time <= upper` comes from the join condition (see the planner's
 //! `join` module). Without it, or without watermarks, state is kept forever (as in Spark).
 
-use std::collections::HashMap;
+use datafusion::common::{HashMap, HashSet};
 use std::fmt;
 use std::sync::Arc;
 use std::time::Instant;
@@ -327,9 +327,9 @@ fn encode_list(entries: &[Entry]) -> Vec<u8> {
 /// One side's stored lists that this batch read or changed, by join key.
 struct Lists {
     lists: HashMap<Vec<u8>, Vec<Entry>>,
-    dirty: std::collections::HashSet<Vec<u8>>,
+    dirty: HashSet<Vec<u8>>,
     /// Keys that had a list when read.
-    existed: std::collections::HashSet<Vec<u8>>,
+    existed: HashSet<Vec<u8>>,
 }
 
 impl Lists {
@@ -339,7 +339,7 @@ impl Lists {
             .iter()
             .copied()
             .filter(|k| !self.lists.contains_key(*k))
-            .collect::<std::collections::HashSet<_>>()
+            .collect::<HashSet<_>>()
             .into_iter()
             .collect();
         let values = store.multi_get(&missing).map_err(state_error)?;

@@ -326,6 +326,8 @@ pub(crate) fn plan_stateful(
 }
 
 /// The event-time columns (name, delay) of the watermark operators in `plan`.
+/// A projection's `column AS alias` of a watermarked column is watermarked too (as Spark keeps
+/// the event-time metadata of an aliased attribute).
 pub(crate) fn watermark_columns(plan: &Arc<dyn ExecutionPlan>) -> Vec<(String, i64)> {
     let mut out = vec![];
     if let Some(w) = plan.downcast_ref::<WatermarkExec>() {
@@ -333,6 +335,20 @@ pub(crate) fn watermark_columns(plan: &Arc<dyn ExecutionPlan>) -> Vec<(String, i
     }
     for c in plan.children() {
         out.extend(watermark_columns(c));
+    }
+    if let Some(p) = plan.downcast_ref::<datafusion::physical_plan::projection::ProjectionExec>() {
+        let mut aliases = vec![];
+        for e in p.expr() {
+            if let Some(c) = e
+                .expr
+                .downcast_ref::<datafusion::physical_expr::expressions::Column>()
+                && let Some((_, delay)) = out.iter().find(|(w, _)| w == c.name())
+                && e.alias != c.name()
+            {
+                aliases.push((e.alias.clone(), *delay));
+            }
+        }
+        out.extend(aliases);
     }
     out
 }
