@@ -32,7 +32,6 @@ use datafusion::physical_expr::expressions::Column;
 use datafusion::physical_expr::{EquivalenceProperties, ScalarFunctionExpr};
 use datafusion::physical_plan::aggregates::{AggregateExec, AggregateMode};
 use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
-use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use datafusion::physical_plan::{
     DisplayAs, DisplayFormatType, ExecutionPlan, Partitioning, PhysicalExpr, PlanProperties,
 };
@@ -42,7 +41,10 @@ use weir_sinks::OutputMode;
 use weir_state::{KeyRange, StoreId, WriteBatch};
 
 use super::watermark::event_micros;
-use super::{BatchState, OperatorInfo, event_time_bound, state_error, watermark_columns};
+use super::{
+    BatchState, OperatorInfo, event_time_bound, on_blocking_pool, one_batch_stream, state_error,
+    watermark_columns,
+};
 use crate::progress::StateOperatorProgress;
 
 const STORE: &str = "default";
@@ -630,15 +632,9 @@ impl ExecutionPlan for StatefulAggregateExec {
                 .await?;
             let input = shuffled.get(partition).cloned().unwrap_or_default();
             let worker = Arc::clone(&inner);
-            // RocksDB calls block: keep them off the async workers.
-            tokio::task::spawn_blocking(move || worker.merge_partition(partition, &input))
-                .await
-                .map_err(|e| DataFusionError::External(Box::new(e)))?
+            on_blocking_pool(move || worker.merge_partition(partition, &input)).await
         };
-        Ok(Box::pin(RecordBatchStreamAdapter::new(
-            Arc::clone(&self.inner.schema),
-            futures::stream::once(run),
-        )))
+        Ok(one_batch_stream(Arc::clone(&self.inner.schema), run))
     }
 }
 

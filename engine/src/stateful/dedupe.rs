@@ -28,7 +28,6 @@ use datafusion::error::{DataFusionError, Result};
 use datafusion::execution::{SendableRecordBatchStream, TaskContext};
 use datafusion::physical_expr::EquivalenceProperties;
 use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
-use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use datafusion::physical_plan::{
     DisplayAs, DisplayFormatType, ExecutionPlan, Partitioning, PhysicalExpr, PlanProperties,
 };
@@ -36,7 +35,10 @@ use tokio::sync::OnceCell;
 use weir_state::{KeyRange, StoreId, WriteBatch};
 
 use super::watermark::event_micros;
-use super::{BatchState, OperatorInfo, event_time_bound, shuffle, state_error, watermark_columns};
+use super::{
+    BatchState, OperatorInfo, event_time_bound, on_blocking_pool, one_batch_stream, shuffle,
+    state_error, watermark_columns,
+};
 use crate::progress::StateOperatorProgress;
 
 const STORE: &str = "default";
@@ -454,13 +456,8 @@ impl ExecutionPlan for DedupeExec {
                 .await?;
             let input = shuffled.get(partition).cloned().unwrap_or_default();
             let worker = Arc::clone(&inner);
-            tokio::task::spawn_blocking(move || worker.dedupe_partition(partition, &input))
-                .await
-                .map_err(|e| DataFusionError::External(Box::new(e)))?
+            on_blocking_pool(move || worker.dedupe_partition(partition, &input)).await
         };
-        Ok(Box::pin(RecordBatchStreamAdapter::new(
-            schema,
-            futures::stream::once(run),
-        )))
+        Ok(one_batch_stream(schema, run))
     }
 }

@@ -34,7 +34,6 @@ use datafusion::execution::{SendableRecordBatchStream, TaskContext};
 use datafusion::logical_expr::JoinType;
 use datafusion::physical_expr::EquivalenceProperties;
 use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
-use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use datafusion::physical_plan::{
     DisplayAs, DisplayFormatType, ExecutionPlan, Partitioning, PhysicalExpr, PlanProperties,
 };
@@ -43,7 +42,10 @@ use weir_planner::join::TimeBound;
 use weir_state::{KeyRange, StateStore, StoreId, WriteBatch};
 
 use super::watermark::event_micros;
-use super::{BatchState, OperatorInfo, event_time_bound, state_error, watermark_columns};
+use super::{
+    BatchState, OperatorInfo, event_time_bound, on_blocking_pool, one_batch_stream, state_error,
+    watermark_columns,
+};
 use crate::progress::StateOperatorProgress;
 
 /// Bytes of an arrow-row Int64 (null flag and 8 bytes): the time prefix of a `-time` key.
@@ -930,13 +932,8 @@ impl ExecutionPlan for StreamJoinExec {
             let left = shuffled[0].get(partition).cloned().unwrap_or_default();
             let right = shuffled[1].get(partition).cloned().unwrap_or_default();
             let worker = Arc::clone(&inner);
-            tokio::task::spawn_blocking(move || worker.join_partition(partition, &left, &right))
-                .await
-                .map_err(|e| DataFusionError::External(Box::new(e)))?
+            on_blocking_pool(move || worker.join_partition(partition, &left, &right)).await
         };
-        Ok(Box::pin(RecordBatchStreamAdapter::new(
-            schema,
-            futures::stream::once(run),
-        )))
+        Ok(one_batch_stream(schema, run))
     }
 }

@@ -89,6 +89,29 @@ impl Drop for ScratchDir {
     }
 }
 
+/// One output partition of a stateful operator: `run` yields its single batch.
+fn one_batch_stream(
+    schema: arrow::datatypes::SchemaRef,
+    run: impl std::future::Future<Output = Result<arrow::array::RecordBatch>> + Send + 'static,
+) -> datafusion::execution::SendableRecordBatchStream {
+    Box::pin(
+        datafusion::physical_plan::stream::RecordBatchStreamAdapter::new(
+            schema,
+            futures::stream::once(run),
+        ),
+    )
+}
+
+/// Runs a partition's state work on the blocking pool: state store calls block, so they stay
+/// off the async workers.
+async fn on_blocking_pool(
+    work: impl FnOnce() -> Result<arrow::array::RecordBatch> + Send + 'static,
+) -> Result<arrow::array::RecordBatch> {
+    tokio::task::spawn_blocking(work)
+        .await
+        .map_err(|e| datafusion::error::DataFusionError::External(Box::new(e)))?
+}
+
 fn state_error(e: weir_state::Error) -> datafusion::error::DataFusionError {
     datafusion::error::DataFusionError::External(Box::new(weir_common::ClassifiedError::from(e)))
 }
