@@ -1294,3 +1294,49 @@ async fn a_failed_asynchronous_state_upload_fails_the_query_before_its_batch_com
         "the batch did not commit"
     );
 }
+
+#[tokio::test]
+async fn the_rocksdb_store_is_configured_by_options() {
+    let t = setup();
+    let ck = tempfile::tempdir().unwrap();
+    let df = t.session.context().sql(COUNTS).await.unwrap();
+    let q = t
+        .session
+        .write_stream(df)
+        .output_mode(OutputMode::Update)
+        .checkpoint_location(ck.path().to_str().unwrap())
+        .option("stateStore.minDeltasForSnapshot", 3)
+        .option("stateStore.rocksdb.blockCacheSizeMB", 8)
+        .option("stateStore.rocksdb.maxMemtableMemoryMB", 8)
+        .option("stateStore.rocksdb.writeBufferSizeMB", 2)
+        .format("noop")
+        .start()
+        .await
+        .unwrap();
+    for i in 0..7 {
+        t.stream.push(rows(&[(i, Some(i))])).unwrap();
+        q.process_all_available().await.unwrap();
+    }
+    q.stop().await;
+    let mut snapshots: Vec<String> = std::fs::read_dir(ck.path().join("state/0"))
+        .unwrap()
+        .flat_map(|p| std::fs::read_dir(p.unwrap().path().join("default")).unwrap())
+        .map(|e| e.unwrap().file_name().to_string_lossy().to_string())
+        .filter(|n| n.ends_with(".snapshot"))
+        .collect();
+    snapshots.sort();
+    snapshots.dedup();
+    assert_eq!(snapshots, ["3.snapshot", "6.snapshot"]);
+
+    let df = t.session.context().sql(COUNTS).await.unwrap();
+    let err = t
+        .session
+        .write_stream(df)
+        .output_mode(OutputMode::Update)
+        .option("stateStore.rocksdb.blockCacheSizeMB", "lots")
+        .format("noop")
+        .start()
+        .await
+        .unwrap_err();
+    assert_eq!(err.error_class(), "STREAMING_INVALID_OPTION", "{err}");
+}

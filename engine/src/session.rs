@@ -31,6 +31,37 @@ use crate::stateful::{
     WeirQueryPlanner, plan_stateful,
 };
 
+/// A RocksDB setting given as a writer option.
+#[derive(Debug, Clone, Copy)]
+enum RocksDbSetting {
+    BlockCacheMb,
+    WriteBufferMb,
+    MemtablesMb,
+    SnapshotInterval,
+}
+
+impl RocksDbSetting {
+    fn of(key: &str) -> Option<Self> {
+        let k = key.to_ascii_lowercase();
+        Some(match k.as_str() {
+            "statestore.rocksdb.blockcachesizemb" => Self::BlockCacheMb,
+            "statestore.rocksdb.writebuffersizemb" => Self::WriteBufferMb,
+            "statestore.rocksdb.maxmemtablememorymb" => Self::MemtablesMb,
+            "statestore.mindeltasforsnapshot" => Self::SnapshotInterval,
+            _ => return None,
+        })
+    }
+
+    fn apply(self, config: &mut weir_state::RocksDbConfig, n: usize) {
+        match self {
+            Self::BlockCacheMb => config.block_cache_bytes = n << 20,
+            Self::WriteBufferMb => config.write_buffer_bytes = n << 20,
+            Self::MemtablesMb => config.memtable_bytes = n << 20,
+            Self::SnapshotInterval => config.snapshot_interval = n as u64,
+        }
+    }
+}
+
 /// The offsets log's conf key for the partition count a checkpoint was created with.
 pub(crate) const SHUFFLE_PARTITIONS: &str = "weir.sql.shuffle.partitions";
 /// The offsets log's conf key for the state store a checkpoint was created with.
@@ -341,6 +372,8 @@ pub struct DataStreamWriter {
     max_watermark: bool,
     /// Asynchronous state checkpointing (RocksDB only).
     async_state_checkpoint: bool,
+    /// RocksDB settings given as options (`stateStore.rocksdb.*`), applied at start.
+    rocksdb_options: Vec<(RocksDbSetting, usize)>,
     /// A malformed writer-level option, reported by `start`.
     invalid: Option<Error>,
 }
@@ -375,6 +408,7 @@ impl DataStreamWriter {
             allow_state_definition_change: false,
             max_watermark: false,
             async_state_checkpoint: false,
+            rocksdb_options: vec![],
             invalid: None,
             session,
         }
@@ -386,10 +420,14 @@ impl DataStreamWriter {
         self
     }
 
-    /// Sets a sink option. Five keys configure the query instead: `checkpointLocation`,
+    /// Sets a sink option. These keys configure the query instead: `checkpointLocation`,
     /// `stateStore` (`rocksdb` or `memory`), `allowStateDefinitionChange` (`true`/`false`),
     /// `multipleWatermarkPolicy` (`min`, the default, or `max`, as Spark's
-    /// `spark.sql.streaming.multipleWatermarkPolicy`) and `asyncStateCheckpoint` (`true`/`false`).
+    /// `spark.sql.streaming.multipleWatermarkPolicy`), `asyncStateCheckpoint` (`true`/`false`),
+    /// and the RocksDB store's memory and snapshots: `stateStore.rocksdb.blockCacheSizeMB`
+    /// (64), `stateStore.rocksdb.maxMemtableMemoryMB` (64, all memtables),
+    /// `stateStore.rocksdb.writeBufferSizeMB` (16, one memtable) and
+    /// `stateStore.minDeltasForSnapshot` (10 versions between snapshots).
     pub fn option(mut self, key: &str, value: impl ToString) -> Self {
         let value = value.to_string();
         if key.eq_ignore_ascii_case("checkpointLocation") {
@@ -419,6 +457,17 @@ impl DataStreamWriter {
                         format!(
                             "Option 'multipleWatermarkPolicy' must be min or max, not '{value}'."
                         ),
+                    ))
+                }
+            }
+        } else if let Some(setting) = RocksDbSetting::of(key) {
+            match value.trim().parse::<usize>() {
+                Ok(n) if n > 0 => self.rocksdb_options.push((setting, n)),
+                _ => {
+                    self.invalid = Some(Error::user(
+                        "STREAMING_INVALID_OPTION",
+                        "42616",
+                        format!("Option '{key}' must be a positive whole number, not '{value}'."),
                     ))
                 }
             }
@@ -646,6 +695,15 @@ impl DataStreamWriter {
                     StateBackend::parse(logged)?
                 }
                 _ => self.state_backend,
+            };
+            let backend = match backend {
+                StateBackend::RocksDb(mut config) => {
+                    for (setting, n) in &self.rocksdb_options {
+                        setting.apply(&mut config, *n);
+                    }
+                    StateBackend::RocksDb(config)
+                }
+                memory => memory,
             };
             let backend = match (backend, self.async_state_checkpoint) {
                 (StateBackend::RocksDb(mut config), true) => {
