@@ -1340,3 +1340,79 @@ async fn the_rocksdb_store_is_configured_by_options() {
         .unwrap_err();
     assert_eq!(err.error_class(), "STREAMING_INVALID_OPTION", "{err}");
 }
+
+#[tokio::test]
+async fn state_several_times_the_memory_bound_stays_correct_and_within_it() {
+    use weir::DataFrameStreamExt;
+    use weir::datafusion::arrow::array::StringArray;
+    let session = WeirSession::new();
+    let schema = Arc::new(Schema::new(vec![Field::new("id", DataType::Utf8, false)]));
+    let stream = MemoryStream::new("ids", Arc::clone(&schema));
+    session.register_memory_stream(&stream);
+    let df = session
+        .read_stream()
+        .table("ids")
+        .unwrap()
+        .drop_duplicates(&["id"])
+        .unwrap();
+    let ck = tempfile::tempdir().unwrap();
+    let kept = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counter = Arc::clone(&kept);
+    let q = session
+        .write_stream(df)
+        .checkpoint_location(ck.path().to_str().unwrap())
+        .option("stateStore.rocksdb.blockCacheSizeMB", 1)
+        .option("stateStore.rocksdb.maxMemtableMemoryMB", 1)
+        .option("stateStore.rocksdb.writeBufferSizeMB", 1)
+        .foreach_batch(move |_, batches: Vec<RecordBatch>| {
+            let counter = Arc::clone(&counter);
+            async move {
+                let n: usize = batches.iter().map(|b| b.num_rows()).sum();
+                counter.fetch_add(n, std::sync::atomic::Ordering::Relaxed);
+                Ok(())
+            }
+        })
+        .start()
+        .await
+        .unwrap();
+    // 8 batches of 20,000 new 96-byte keys: about 15 MB of keys against 2 MB of memory.
+    // Keys of pseudo-random hex, so compression does not shrink the state away.
+    let mix = |x: u64| {
+        let mut z = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    };
+    let key = move |i: usize| {
+        (0..6)
+            .map(|j| format!("{:016x}", mix((i * 6 + j) as u64)))
+            .collect::<String>()
+    };
+    let batch = |from: usize| {
+        let ids: Vec<String> = (from..from + 20_000).map(key).collect();
+        RecordBatch::try_new(Arc::clone(&schema), vec![Arc::new(StringArray::from(ids))]).unwrap()
+    };
+    let mut peak_memory = 0;
+    for b in 0..8 {
+        stream.push(batch(b * 20_000)).unwrap();
+        q.process_all_available().await.unwrap();
+        let op = &q.last_progress().unwrap().state_operators[0];
+        peak_memory = peak_memory.max(op.memory_used_bytes);
+    }
+    // Every key seen again: all duplicates, found on disk.
+    stream.push(batch(0)).unwrap();
+    stream.push(batch(140_000)).unwrap();
+    q.process_all_available().await.unwrap();
+    let p = q.last_progress().unwrap();
+    let op = &p.state_operators[0];
+    q.stop().await;
+    assert_eq!(kept.load(std::sync::atomic::Ordering::Relaxed), 160_000);
+    assert_eq!(op.num_rows_total, 160_000);
+    let on_disk = op.custom_metrics["rocksdbSstFileSize"] as u64;
+    eprintln!("state on disk {on_disk} bytes, peak memory {peak_memory} bytes");
+    assert!(on_disk > 8 << 20, "state on disk: {on_disk} bytes");
+    assert!(
+        peak_memory < on_disk / 3,
+        "memory {peak_memory} bytes for {on_disk} bytes of state"
+    );
+}
