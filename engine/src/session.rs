@@ -684,7 +684,8 @@ impl DataStreamWriter {
         );
 
         let shared = Shared::new(checkpoint.id(), self.query_name.clone());
-        let state_run = if stateful || checkpoint.read_state_metadata().await?.is_some() {
+        let stored_state = checkpoint.read_state_metadata().await?;
+        let state_run = if stateful || stored_state.is_some() {
             let backend = match restart.as_ref().and_then(|r| r.logged_conf(STATE_STORE)) {
                 Some(logged) if logged != self.state_backend.name() => {
                     tracing::warn!(
@@ -732,15 +733,22 @@ impl DataStreamWriter {
             )?);
             let committed = restart.as_ref().is_some_and(|r| r.has_committed_batches());
             let operators = check_state(
-                &checkpoint,
                 &state,
                 &plan,
                 &tables,
                 &run,
+                stored_state.as_ref(),
                 committed,
                 self.allow_state_definition_change,
             )
             .await?;
+            if stored_state.is_none() && !operators.is_empty() {
+                checkpoint
+                    .write_state_metadata(&StateMetadata {
+                        operators: operators.clone(),
+                    })
+                    .await?;
+            }
             if committed && backend == StateBackend::Memory {
                 return Err(Error::user(
                     "STATE_STORE_NOT_DURABLE",
@@ -799,14 +807,14 @@ impl DataStreamWriter {
 }
 
 /// Plans the query once without rows to learn its stateful operators, and refuses it when the
-/// checkpoint's state cannot serve them (DESIGN.md §6); records them on a checkpoint that has
-/// none. Nothing is executed.
+/// checkpoint's state (`stored`, its record of them) cannot serve them (DESIGN.md §6). Nothing
+/// is executed.
 async fn check_state(
-    checkpoint: &Checkpoint,
     state: &datafusion::execution::SessionState,
     plan: &LogicalPlan,
     tables: &[Arc<StreamingTable>],
     run: &Arc<StateRun>,
+    stored: Option<&StateMetadata>,
     committed: bool,
     allow_definition_change: bool,
 ) -> Result<Vec<OperatorInfo>> {
@@ -823,19 +831,12 @@ async fn check_state(
         BatchWatermark::default(),
     ));
     let (_, operators): (_, Vec<OperatorInfo>) = plan_stateful(physical?, &batch)?;
-    match checkpoint.read_state_metadata().await? {
+    match stored {
         Some(stored) => stored.check(&operators, allow_definition_change)?,
-        None if committed && !operators.is_empty() => {
-            // A checkpoint whose batches ran without state: the new operators would start
-            // empty, as if the earlier rows had never been seen.
+        // A checkpoint whose batches ran without state: the new operators would start empty,
+        // as if the earlier rows had never been seen.
+        None if committed => {
             StateMetadata { operators: vec![] }.check(&operators, allow_definition_change)?
-        }
-        None if !operators.is_empty() => {
-            checkpoint
-                .write_state_metadata(&StateMetadata {
-                    operators: operators.clone(),
-                })
-                .await?
         }
         None => {}
     }

@@ -40,7 +40,7 @@ use weir_common::ClassifiedError;
 use weir_sinks::OutputMode;
 use weir_state::{KeyRange, StoreId, WriteBatch};
 
-use super::watermark::event_micros;
+use super::watermark::{drop_late, event_micros};
 use super::{
     BatchState, OperatorInfo, event_time_bound, on_blocking_pool, one_batch_stream, state_error,
     watermark_columns,
@@ -434,15 +434,9 @@ impl Inner {
                 Some(et) => {
                     // Rows at or behind the previous batch's watermark are late: dropped
                     // before they reach state, and counted.
-                    let times = event_times(et, batch)?;
                     let late_us = watermark.late_ms.saturating_mul(1000);
-                    let keep: arrow::array::BooleanArray = times
-                        .iter()
-                        .map(|t| Some(t.is_none_or(|t| t > late_us)))
-                        .collect();
-                    let kept = arrow::compute::filter_record_batch(batch, &keep)?;
-                    dropped += (batch.num_rows() - kept.num_rows()) as u64;
-                    let times = event_times(et, &kept)?;
+                    let (kept, times, late) = drop_late(batch, &event_times(et, batch)?, late_us)?;
+                    dropped += late;
                     let mut cols: Vec<ArrayRef> = vec![Arc::new(times)];
                     cols.extend(kept.columns()[..self.num_group].iter().cloned());
                     (kept, cols)

@@ -19,7 +19,7 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Instant;
 
-use arrow::array::{Array, ArrayRef, BooleanArray, Int64Array, RecordBatch};
+use arrow::array::{Array, ArrayRef, BooleanArray, RecordBatch};
 use arrow::compute::{concat_batches, filter_record_batch};
 use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use arrow::row::{RowConverter, SortField};
@@ -34,7 +34,7 @@ use datafusion::physical_plan::{
 use tokio::sync::OnceCell;
 use weir_state::{KeyRange, StoreId, WriteBatch};
 
-use super::watermark::event_micros;
+use super::watermark::{drop_late, event_micros};
 use super::{
     BatchState, OperatorInfo, event_time_bound, on_blocking_pool, one_batch_stream, shuffle,
     state_error, watermark_columns,
@@ -230,16 +230,9 @@ impl Inner {
             None => (batch, None, 0),
             Some(column) => {
                 let late_us = watermark.late_ms.saturating_mul(1000);
-                let t = event_micros(batch.column(column).as_ref())?;
-                let keep: BooleanArray = t
-                    .iter()
-                    .map(|t| Some(t.is_none_or(|t| t > late_us)))
-                    .collect();
-                let kept = filter_record_batch(&batch, &keep)?;
-                let dropped = (batch.num_rows() - kept.num_rows()) as u64;
-                let t = event_micros(kept.column(column).as_ref())?;
-                let t = Int64Array::new(t.values().clone(), t.nulls().cloned());
-                (kept, Some(t), dropped)
+                let times = event_micros(batch.column(column).as_ref())?;
+                let (kept, times, dropped) = drop_late(&batch, &times, late_us)?;
+                (kept, Some(times), dropped)
             }
         };
 

@@ -41,7 +41,7 @@ use tokio::sync::OnceCell;
 use weir_planner::join::TimeBound;
 use weir_state::{KeyRange, StateStore, StoreId, WriteBatch};
 
-use super::watermark::event_micros;
+use super::watermark::{drop_late, event_micros};
 use super::{
     BatchState, OperatorInfo, event_time_bound, on_blocking_pool, one_batch_stream, state_error,
     watermark_columns,
@@ -327,6 +327,7 @@ fn encode_list(entries: &[Entry]) -> Vec<u8> {
 }
 
 /// One side's stored lists that this batch read or changed, by join key.
+#[derive(Default)]
 struct Lists {
     lists: HashMap<Vec<u8>, Vec<Entry>>,
     dirty: HashSet<Vec<u8>>,
@@ -378,6 +379,28 @@ impl Lists {
     }
 }
 
+/// The stored rows of one side that a batch's new rows meet, flattened: `rows[i]` is (join key,
+/// position in its list).
+#[derive(Default)]
+struct StoredRefs<'a> {
+    rows: Vec<(&'a [u8], usize)>,
+    first: HashMap<&'a [u8], usize>,
+}
+
+impl<'a> StoredRefs<'a> {
+    /// The flat indices of `key`'s stored rows (added on first use).
+    fn of(&mut self, lists: &Lists, key: &'a [u8]) -> std::ops::Range<usize> {
+        let n = lists.lists.get(key).map_or(0, Vec::len);
+        let rows = &mut self.rows;
+        let base = *self.first.entry(key).or_insert_with(|| {
+            let b = rows.len();
+            rows.extend((0..n).map(|p| (key, p)));
+            b
+        });
+        base..base + n
+    }
+}
+
 fn corrupt(store: &str) -> DataFusionError {
     DataFusionError::External(Box::new(weir_common::ClassifiedError::new(
         "STATE_STORE_FILE_CORRUPT",
@@ -422,25 +445,13 @@ impl Inner {
     fn side_rows(&self, side: &Side, input: &[RecordBatch], late_us: i64) -> Result<SideRows> {
         let schema = side.input.schema();
         let batch = concat_batches(&schema, input)?;
-        let (batch, dropped) = match side.time {
+        let (batch, times, dropped) = match side.time {
             Some(t) => {
                 let times = event_micros(batch.column(t).as_ref())?;
-                let keep: BooleanArray = times
-                    .iter()
-                    .map(|t| Some(t.is_none_or(|t| t > late_us)))
-                    .collect();
-                let kept = filter_record_batch(&batch, &keep)?;
-                let dropped = (batch.num_rows() - kept.num_rows()) as u64;
-                (kept, dropped)
+                let (kept, times, dropped) = drop_late(&batch, &times, late_us)?;
+                (kept, Some(times), dropped)
             }
-            None => (batch, 0),
-        };
-        let times = match side.time {
-            Some(t) => {
-                let m = event_micros(batch.column(t).as_ref())?;
-                Some(Int64Array::new(m.values().clone(), m.nulls().cloned()))
-            }
-            None => None,
+            None => (batch, None, 0),
         };
         let converter = RowConverter::new(self.key_fields.clone())?;
         let keys = converter.convert_columns(&key_columns(&side.keys, &batch)?)?;
@@ -490,24 +501,12 @@ impl Inner {
             .chain(r.keys.iter())
             .map(|k| k.data())
             .collect();
-        let mut left_lists = Lists {
-            lists: HashMap::new(),
-            dirty: Default::default(),
-            existed: Default::default(),
-        };
-        let mut right_lists = Lists {
-            lists: HashMap::new(),
-            dirty: Default::default(),
-            existed: Default::default(),
-        };
+        let (mut left_lists, mut right_lists) = (Lists::default(), Lists::default());
         left_lists.load(ls.as_ref(), &keys, "left")?;
         right_lists.load(rs.as_ref(), &keys, "right")?;
 
-        // Stored rows the new rows meet, decoded once each: (key, position in its list).
-        let mut old_left: Vec<(&[u8], usize)> = vec![];
-        let mut old_right: Vec<(&[u8], usize)> = vec![];
-        let mut old_left_at: HashMap<&[u8], usize> = HashMap::new();
-        let mut old_right_at: HashMap<&[u8], usize> = HashMap::new();
+        // Stored rows the new rows meet, each decoded once: (key, position in its list).
+        let (mut old_left, mut old_right) = (StoredRefs::default(), StoredRefs::default());
         let mut r_by_key: HashMap<&[u8], Vec<usize>> = HashMap::new();
         for (i, k) in r.keys.iter().enumerate() {
             r_by_key.entry(k.data()).or_default().push(i);
@@ -515,31 +514,15 @@ impl Inner {
         let mut pairs: Vec<((usize, usize), (usize, usize))> = vec![];
         for (i, k) in l.keys.iter().enumerate() {
             let k = k.data();
-            let n = right_lists.lists.get(k).map_or(0, Vec::len);
-            if n > 0 {
-                let base = *old_right_at.entry(k).or_insert_with(|| {
-                    let b = old_right.len();
-                    old_right.extend((0..n).map(|p| (k, p)));
-                    b
-                });
-                pairs.extend((0..n).map(|p| ((0, i), (1, base + p))));
-            }
+            pairs.extend(old_right.of(&right_lists, k).map(|p| ((0, i), (1, p))));
             for &j in r_by_key.get(k).into_iter().flatten() {
                 pairs.push(((0, i), (0, j)));
             }
         }
         for (j, k) in r.keys.iter().enumerate() {
-            let k = k.data();
-            let n = left_lists.lists.get(k).map_or(0, Vec::len);
-            if n > 0 {
-                let base = *old_left_at.entry(k).or_insert_with(|| {
-                    let b = old_left.len();
-                    old_left.extend((0..n).map(|p| (k, p)));
-                    b
-                });
-                pairs.extend((0..n).map(|p| ((1, base + p), (0, j))));
-            }
+            pairs.extend(old_left.of(&left_lists, k.data()).map(|p| ((1, p), (0, j))));
         }
+        let (old_left, old_right) = (old_left.rows, old_right.rows);
         let decode =
             |conv: &RowConverter, rows: Vec<&[u8]>, schema: &SchemaRef| -> Result<RecordBatch> {
                 if rows.is_empty() {

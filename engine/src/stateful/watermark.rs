@@ -5,8 +5,8 @@
 use std::fmt;
 use std::sync::Arc;
 
-use arrow::array::{Array, RecordBatch, TimestampMicrosecondArray};
-use arrow::compute::cast;
+use arrow::array::{Array, BooleanArray, Int64Array, RecordBatch, TimestampMicrosecondArray};
+use arrow::compute::{cast, filter, filter_record_batch};
 use arrow::datatypes::{DataType, TimeUnit};
 use async_trait::async_trait;
 use datafusion::common::tree_node::TreeNodeRecursion;
@@ -47,12 +47,36 @@ impl EventTimeStats {
 }
 
 /// The event times of `column` as microseconds, nulls left null.
-pub(crate) fn event_micros(column: &dyn Array) -> Result<TimestampMicrosecondArray> {
+pub(crate) fn event_micros(column: &dyn Array) -> Result<Int64Array> {
     let c = cast(column, &DataType::Timestamp(TimeUnit::Microsecond, None))?;
-    c.as_any()
+    let t = c
+        .as_any()
         .downcast_ref::<TimestampMicrosecondArray>()
+        .ok_or_else(|| DataFusionError::Internal("event time cast failed".into()))?;
+    Ok(Int64Array::new(t.values().clone(), t.nulls().cloned()))
+}
+
+/// Drops the rows of `batch` whose event time (`times`, µs, one per row) is at or behind
+/// `late_us`: too late for a stateful operator (rows without a time are kept). Returns the
+/// rows kept, their times, and how many were dropped.
+pub(crate) fn drop_late(
+    batch: &RecordBatch,
+    times: &Int64Array,
+    late_us: i64,
+) -> Result<(RecordBatch, Int64Array, u64)> {
+    let keep: BooleanArray = times
+        .iter()
+        .map(|t| Some(t.is_none_or(|t| t > late_us)))
+        .collect();
+    let kept = filter_record_batch(batch, &keep)?;
+    let kept_times = filter(times, &keep)?;
+    let kept_times = kept_times
+        .as_any()
+        .downcast_ref::<Int64Array>()
         .cloned()
-        .ok_or_else(|| DataFusionError::Internal("event time cast failed".into()))
+        .ok_or_else(|| DataFusionError::Internal("event time filter failed".into()))?;
+    let dropped = (batch.num_rows() - kept.num_rows()) as u64;
+    Ok((kept, kept_times, dropped))
 }
 
 fn stats_of(batch: &RecordBatch, column: usize, delay_ms: i64) -> Result<Option<EventTimeStats>> {
