@@ -1416,3 +1416,293 @@ async fn state_several_times_the_memory_bound_stays_correct_and_within_it() {
         "memory {peak_memory} bytes for {on_disk} bytes of state"
     );
 }
+
+/// A per-key session-window count (gap 5 s) over `clicks` with a 2-second watermark.
+async fn session_counts(
+    session: &WeirSession,
+    gap: &str,
+    mode: OutputMode,
+    ck: &std::path::Path,
+) -> weir::Result<(Outputs, StreamingQuery)> {
+    use weir::DataFrameStreamExt;
+    let df = session
+        .read_stream()
+        .table("clicks")?
+        .with_watermark("ts", "2 seconds")?;
+    let _ = session.context().deregister_table("clicks_wm");
+    session
+        .context()
+        .register_table("clicks_wm", df.into_view())?;
+    let df = session
+        .context()
+        .sql(&format!(
+            "SELECT k, session_window(ts, '{gap}') AS s, count(*) AS n, max(ts) AS last \
+             FROM clicks_wm GROUP BY k, session_window(ts, '{gap}')"
+        ))
+        .await?;
+    let outputs: Outputs = Arc::default();
+    let sink = Arc::clone(&outputs);
+    let q = session
+        .write_stream(df)
+        .output_mode(mode)
+        .checkpoint_location(ck.to_str().unwrap())
+        .foreach_batch(move |id, batches| {
+            let sink = Arc::clone(&sink);
+            async move {
+                sink.lock().unwrap().insert(id, batches);
+                Ok(())
+            }
+        })
+        .start()
+        .await?;
+    Ok((outputs, q))
+}
+
+/// Session rows of batch `batch`: `k [start s, end s) n`, sorted.
+fn session_rows(outputs: &Outputs, batch: u64) -> Vec<String> {
+    let all = outputs.lock().unwrap();
+    let mut out = vec![];
+    for b in all.get(&batch).into_iter().flatten() {
+        let k = b.column(0).as_any().downcast_ref::<Int64Array>().unwrap();
+        let s = b
+            .column(1)
+            .as_any()
+            .downcast_ref::<weir::datafusion::arrow::array::StructArray>()
+            .unwrap();
+        let secs = |c: usize| {
+            let c = cast(s.column(c), &DataType::Int64).unwrap();
+            c.as_any().downcast_ref::<Int64Array>().unwrap().clone()
+        };
+        let (start, end) = (secs(0), secs(1));
+        let n = b.column(2).as_any().downcast_ref::<Int64Array>().unwrap();
+        for r in 0..b.num_rows() {
+            out.push(format!(
+                "{} [{}, {}) {}",
+                k.value(r),
+                start.value(r) / 1_000_000,
+                end.value(r) / 1_000_000,
+                n.value(r)
+            ));
+        }
+    }
+    out.sort();
+    out
+}
+
+#[tokio::test]
+async fn session_windows_merge_across_batches_and_are_emitted_once_the_watermark_closes_them() {
+    // `events` puts even seconds in key 0 and odd seconds in key 1; each row opens [t, t + 5).
+    let ck = tempfile::tempdir().unwrap();
+    let (session, stream) = clicks();
+    let (outputs, q) = session_counts(&session, "5 seconds", OutputMode::Append, ck.path())
+        .await
+        .unwrap();
+    // Batch 0: key 0's 0 s and 4 s merge into [0, 9); key 1 has [1, 6). Watermark 4 - 2 = 2 s,
+    // so batch 1 runs without data; nothing has ended by then.
+    stream.push(events(&[0, 4, 1])).unwrap();
+    q.process_all_available().await.unwrap();
+    // Batch 2: 10 s starts after [0, 9) ends, a new session; 7 s after [1, 6) ends, too.
+    // The watermark moves to 18 s: batch 3 closes every session ending by then.
+    stream.push(events(&[10, 7, 20])).unwrap();
+    q.process_all_available().await.unwrap();
+    for b in 0..=2 {
+        assert_eq!(session_rows(&outputs, b), Vec::<String>::new(), "batch {b}");
+    }
+    assert_eq!(
+        session_rows(&outputs, 3),
+        vec!["0 [0, 9) 2", "0 [10, 15) 1", "1 [1, 6) 1", "1 [7, 12) 1"]
+    );
+    let p = q.last_progress().unwrap();
+    assert_eq!(p.state_operators[0].operator_name, "sessionWindowAggregate");
+    assert_eq!(p.state_operators[0].num_rows_removed, 4);
+    assert_eq!(p.state_operators[0].num_rows_total, 1, "[20, 25) is open");
+    // Batch 4: 8 s (its session ends at 13 s, behind the 18 s watermark) is late; 22 s joins
+    // the stored [20, 25); 31 s and 37 s are two sessions of key 1 (37 > 31 + 5).
+    stream.push(events(&[8, 22, 31, 37])).unwrap();
+    q.process_all_available().await.unwrap();
+    let p4 = q
+        .recent_progress()
+        .into_iter()
+        .find(|p| p.batch_id == 4)
+        .unwrap();
+    assert_eq!(p4.state_operators[0].num_rows_dropped_by_watermark, 1);
+    assert_eq!(session_rows(&outputs, 5), vec!["0 [20, 27) 2"]);
+    q.stop().await;
+
+    // A restart with another gap changes what the stored sessions mean: refused.
+    let err = match session_counts(&session, "6 seconds", OutputMode::Append, ck.path()).await {
+        Ok((_, q)) => {
+            q.stop().await;
+            panic!("a changed gap was accepted");
+        }
+        Err(e) => e,
+    };
+    assert_eq!(
+        err.error_class(),
+        "STATEFUL_OPERATOR_DEFINITION_CHANGED",
+        "{err}"
+    );
+    assert!(err.to_string().contains("6 seconds"), "{err}");
+
+    // The same query restarts from its state: 35 s bridges key 1's [31, 36) and [37, 42)
+    // into one session of three rows.
+    let (outputs, q) = session_counts(&session, "5 seconds", OutputMode::Append, ck.path())
+        .await
+        .unwrap();
+    stream.push(events(&[35, 50])).unwrap();
+    q.process_all_available().await.unwrap();
+    assert_eq!(session_rows(&outputs, 6), Vec::<String>::new());
+    assert_eq!(session_rows(&outputs, 7), vec!["1 [31, 42) 3"]);
+    let p = q.last_progress().unwrap();
+    assert_eq!(p.batch_id, 7);
+    assert_eq!(p.state_operators[0].num_rows_total, 1, "[50, 55) is open");
+    q.stop().await;
+}
+
+#[tokio::test]
+async fn session_windows_in_update_mode_or_without_a_watermark_in_append_mode_are_refused() {
+    let ck = tempfile::tempdir().unwrap();
+    let (session, _stream) = clicks();
+    let df = session.read_stream().table("clicks").unwrap();
+    session
+        .context()
+        .register_table("clicks_v", df.into_view())
+        .unwrap();
+    let err = session_counts(&session, "5 seconds", OutputMode::Update, ck.path())
+        .await
+        .err()
+        .unwrap();
+    assert_eq!(
+        err.error_class(),
+        "STREAMING_OUTPUT_MODE.UNSUPPORTED_OPERATION"
+    );
+    assert!(err.to_string().contains("session-window"), "{err}");
+    let df = session
+        .context()
+        .sql("SELECT k, count(*) FROM clicks_v GROUP BY k, session_window(ts, '5 seconds')")
+        .await
+        .unwrap();
+    let err = session
+        .write_stream(df)
+        .checkpoint_location(ck.path().to_str().unwrap())
+        .format("noop")
+        .start()
+        .await
+        .err()
+        .unwrap();
+    assert_eq!(
+        err.error_class(),
+        "STREAMING_OUTPUT_MODE.UNSUPPORTED_OPERATION"
+    );
+    assert!(err.to_string().contains("watermark"), "{err}");
+}
+
+/// Sessions of all rows of `clicks` by batch SQL: gaps and islands with window functions.
+const BATCH_SESSIONS: &str = "WITH o AS ( \
+       SELECT k, ts, max(ts) OVER (PARTITION BY k ORDER BY ts \
+         ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS prev FROM clicks), \
+     g AS ( \
+       SELECT k, ts, sum(CASE WHEN prev IS NULL OR ts > prev + INTERVAL '5 seconds' \
+         THEN 1 ELSE 0 END) OVER (PARTITION BY k ORDER BY ts ROWS UNBOUNDED PRECEDING) AS sid \
+       FROM o) \
+     SELECT k, min(ts) AS s, max(ts) + INTERVAL '5 seconds' AS e, count(*) AS n, max(ts) AS last \
+     FROM g GROUP BY k, sid";
+
+async fn session_windows_equal_batch_sessions(backend: StateBackend) {
+    let ck = tempfile::tempdir().unwrap();
+    let (session, stream) = clicks();
+    let df = session.read_stream().table("clicks").unwrap();
+    session
+        .context()
+        .register_table("clicks_v", df.into_view())
+        .unwrap();
+    // Complete mode, no watermark: every session stays, rows may come in any order.
+    let df = session
+        .context()
+        .sql(
+            "SELECT k, session_window(ts, '5 seconds') AS w, count(*) AS n, max(ts) AS last \
+             FROM clicks_v GROUP BY k, session_window(ts, '5 seconds')",
+        )
+        .await
+        .unwrap();
+    let outputs: Outputs = Arc::default();
+    let sink = Arc::clone(&outputs);
+    let q = session
+        .write_stream(df)
+        .output_mode(OutputMode::Complete)
+        .state_store(backend)
+        .checkpoint_location(ck.path().to_str().unwrap())
+        .foreach_batch(move |id, batches| {
+            let sink = Arc::clone(&sink);
+            async move {
+                sink.lock().unwrap().insert(id, batches);
+                Ok(())
+            }
+        })
+        .start()
+        .await
+        .unwrap();
+    let mut all = vec![];
+    let mut seed = 11u64;
+    for _ in 0..8 {
+        let secs: Vec<i64> = (0..25)
+            .map(|_| {
+                seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1);
+                ((seed >> 33) % 400) as i64
+            })
+            .collect();
+        stream.push(events(&secs)).unwrap();
+        all.push(events(&secs));
+        q.process_all_available().await.unwrap();
+    }
+    let last = q.last_progress().unwrap().batch_id;
+    q.stop().await;
+    let streamed: Vec<RecordBatch> = outputs.lock().unwrap()[&last].clone();
+    // The window struct as its two fields, to compare with the batch query's columns.
+    let flat: Vec<RecordBatch> = streamed
+        .iter()
+        .map(|b| {
+            let w = b
+                .column(1)
+                .as_any()
+                .downcast_ref::<weir::datafusion::arrow::array::StructArray>()
+                .unwrap();
+            RecordBatch::try_from_iter(vec![
+                ("k", Arc::clone(b.column(0))),
+                ("s", Arc::clone(w.column(0))),
+                ("e", Arc::clone(w.column(1))),
+                ("n", Arc::clone(b.column(2))),
+                ("last", Arc::clone(b.column(3))),
+            ])
+            .unwrap()
+        })
+        .collect();
+
+    let ctx = weir::datafusion::prelude::SessionContext::new();
+    let mem = weir::datafusion::datasource::MemTable::try_new(events_schema(), vec![all]).unwrap();
+    ctx.register_table("clicks", Arc::new(mem)).unwrap();
+    let batch = ctx
+        .sql(BATCH_SESSIONS)
+        .await
+        .unwrap()
+        .collect()
+        .await
+        .unwrap();
+    let expected = table(&batch);
+    assert!(
+        expected.len() > 20 && expected.len() < 150,
+        "sessions worth checking: {}",
+        expected.len()
+    );
+    assert_eq!(table(&flat), expected);
+}
+
+#[tokio::test]
+async fn session_windows_equal_batch_sessions_of_the_same_rows_on_rocksdb() {
+    session_windows_equal_batch_sessions(StateBackend::default()).await;
+}
+
+#[tokio::test]
+async fn session_windows_equal_batch_sessions_of_the_same_rows_in_memory() {
+    session_windows_equal_batch_sessions(StateBackend::Memory).await;
+}

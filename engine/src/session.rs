@@ -137,6 +137,7 @@ impl WeirSession {
             }
             let ctx = SessionContext::new_with_state(state);
             ctx.register_udf(weir_planner::window::window_udf());
+            ctx.register_udf(weir_planner::session_window::session_window_udf());
             let _ = ctx.register_relation_planner(Arc::new(StreamRelationPlanner::new(
                 Arc::clone(&catalog),
             )));
@@ -596,6 +597,7 @@ impl DataStreamWriter {
         let plan = weir_planner::dedupe::rewrite_distinct_on(self.plan)?;
         let plan = weir_planner::join::rewrite_stream_joins(plan)?;
         let plan = weir_planner::window::expand_sliding_windows(plan)?;
+        let plan = weir_planner::session_window::rewrite_session_windows(plan)?;
         check_streaming_plan(&plan, self.output_mode)?;
         let stateful = has_stateful_operator(&plan);
         let plan = with_fresh_streaming_tables(plan)?;

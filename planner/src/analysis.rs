@@ -139,14 +139,18 @@ pub fn has_streaming_aggregation(plan: &LogicalPlan) -> bool {
         .unwrap_or(false)
 }
 
-/// Whether `e` is a watermarked column, or `window(...)` over one.
-fn is_event_time_key(e: &Expr, watermarked: &[String]) -> bool {
+/// Whether `e` is a watermarked column, or `window(...)` or `session_window(...)` over one
+/// (`session_time` is the time column of the aggregate's session window).
+fn is_event_time_key(e: &Expr, watermarked: &[String], session_time: Option<&String>) -> bool {
     match e {
         Expr::Column(c) if c.name == crate::window::SLIDING_WINDOW_COLUMN => {
             !watermarked.is_empty()
         }
+        Expr::Column(c) if c.name == crate::session_window::SESSION_WINDOW_COLUMN => {
+            session_time.is_some_and(|t| watermarked.contains(t))
+        }
         Expr::Column(c) => watermarked.contains(&c.name),
-        Expr::Alias(a) => is_event_time_key(&a.expr, watermarked),
+        Expr::Alias(a) => is_event_time_key(&a.expr, watermarked, session_time),
         Expr::ScalarFunction(f) if f.name() == "window" => {
             matches!(f.args.first(), Some(Expr::Column(c)) if watermarked.contains(&c.name))
         }
@@ -163,9 +167,10 @@ fn every_aggregation_has_event_time_key(plan: &LogicalPlan) -> bool {
             let ok = match n {
                 LogicalPlan::Aggregate(agg) => {
                     let watermarked = crate::watermark::watermarked_columns(&agg.input);
+                    let session_time = crate::session_window::session_time_column(&agg.input);
                     agg.group_expr
                         .iter()
-                        .any(|e| is_event_time_key(e, &watermarked))
+                        .any(|e| is_event_time_key(e, &watermarked, session_time.as_ref()))
                 }
                 _ => false,
             };
@@ -174,6 +179,17 @@ fn every_aggregation_has_event_time_key(plan: &LogicalPlan) -> bool {
         Ok(TreeNodeRecursion::Continue)
     });
     all
+}
+
+/// Whether a streaming aggregation of `plan` groups by a session window.
+fn has_session_window(plan: &LogicalPlan) -> bool {
+    plan.exists(|n| {
+        Ok(matches!(n, LogicalPlan::Aggregate(a) if is_streaming(n)
+            && a.group_expr.iter().any(|e| e.exists(|e| Ok(matches!(e,
+                Expr::Column(c) if c.name == crate::session_window::SESSION_WINDOW_COLUMN)))
+                .unwrap_or(false))))
+    })
+    .unwrap_or(false)
 }
 
 /// Whether `plan` needs state across batches: a streaming aggregation or deduplication.
@@ -211,6 +227,16 @@ pub fn check_streaming_plan(plan: &LogicalPlan, mode: OutputMode) -> Result<(), 
                  watermark on the event-time column (WATERMARK col DELAY OF INTERVAL ..., or \
                  with_watermark) and group by it or by window(col, ...); or use update mode \
                  (each batch emits the groups it changed) or complete mode (the whole result).",
+            ));
+        }
+        OutputMode::Update if has_session_window(plan) => {
+            return Err(ClassifiedError::new(
+                "STREAMING_OUTPUT_MODE.UNSUPPORTED_OPERATION",
+                "42KDE",
+                "Update output mode is not supported for a session-window aggregation (as in \
+                 Spark): a later row can merge sessions already emitted into one, which an \
+                 update cannot take back. Use append mode (each session once, when the \
+                 watermark closes it) or complete mode.",
             ));
         }
         OutputMode::Update | OutputMode::Complete

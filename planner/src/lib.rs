@@ -16,11 +16,13 @@
 //! - [`watermark`]: the event-time watermark node (`WATERMARK col DELAY OF ...`,
 //!   `with_watermark`).
 //! - [`window`]: the `window()` time-window function.
+//! - [`session_window`]: `session_window()`, session windows of a streaming aggregation.
 
 pub mod analysis;
 pub mod dedupe;
 pub mod join;
 pub mod relation;
+pub mod session_window;
 pub mod sink_table;
 pub mod statement;
 mod stream_scan;

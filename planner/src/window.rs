@@ -39,7 +39,7 @@ pub fn window_udf() -> ScalarUDF {
     ScalarUDF::new_from_impl(WindowFunction::default())
 }
 
-fn struct_fields(tz: Option<Arc<str>>) -> Fields {
+pub(crate) fn struct_fields(tz: Option<Arc<str>>) -> Fields {
     let ts = DataType::Timestamp(TimeUnit::Microsecond, tz);
     Fields::from(vec![
         Field::new("start", ts.clone(), true),
@@ -47,15 +47,15 @@ fn struct_fields(tz: Option<Arc<str>>) -> Fields {
     ])
 }
 
-fn micros(name: &str, v: &ScalarValue) -> Result<i64> {
+pub(crate) fn micros(func: &str, name: &str, v: &ScalarValue) -> Result<i64> {
     let d = match v {
         ScalarValue::Utf8(Some(s))
         | ScalarValue::LargeUtf8(Some(s))
         | ScalarValue::Utf8View(Some(s)) => {
             let d = weir_common::parse_duration(s, Duration::from_secs(1))
-                .or_else(|e| plan_err!("window(): the {name} '{s}' is not a duration: {e}"))?;
+                .or_else(|e| plan_err!("{func}(): the {name} '{s}' is not a duration: {e}"))?;
             i64::try_from(d.as_micros())
-                .or_else(|_| plan_err!("window(): the {name} is too long"))?
+                .or_else(|_| plan_err!("{func}(): the {name} is too long"))?
         }
         ScalarValue::IntervalMonthDayNano(Some(i)) if i.months == 0 => {
             i64::from(i.days) * 86_400_000_000 + i.nanoseconds / 1000
@@ -65,12 +65,12 @@ fn micros(name: &str, v: &ScalarValue) -> Result<i64> {
         }
         ScalarValue::IntervalMonthDayNano(Some(_)) | ScalarValue::IntervalYearMonth(Some(_)) => {
             return plan_err!(
-                "window(): the {name} has months or years, whose length varies; use days or less"
+                "{func}(): the {name} has months or years, whose length varies; use days or less"
             );
         }
         other => {
             return plan_err!(
-                "window(): the {name} must be a duration such as '10 seconds' or INTERVAL '10' SECOND, not {other}"
+                "{func}(): the {name} must be a duration such as '10 seconds' or INTERVAL '10' SECOND, not {other}"
             );
         }
     };
@@ -101,7 +101,7 @@ impl ScalarUDFImpl for WindowFunction {
 
     fn invoke_with_args(&self, args: ScalarFunctionArgs) -> Result<ColumnarValue> {
         let scalar = |i: usize, name: &str| match args.args.get(i) {
-            Some(ColumnarValue::Scalar(v)) => micros(name, v).map(Some),
+            Some(ColumnarValue::Scalar(v)) => micros("window", name, v).map(Some),
             Some(ColumnarValue::Array(_)) => {
                 plan_err!("window(): the {name} must be a constant")
             }
@@ -191,7 +191,7 @@ impl ScalarUDFImpl for SlidingWindowsFunction {
 
     fn invoke_with_args(&self, args: ScalarFunctionArgs) -> Result<ColumnarValue> {
         let scalar = |i: usize, name: &str| match args.args.get(i) {
-            Some(ColumnarValue::Scalar(v)) => micros(name, v).map(Some),
+            Some(ColumnarValue::Scalar(v)) => micros("window", name, v).map(Some),
             Some(ColumnarValue::Array(_)) => plan_err!("window(): the {name} must be a constant"),
             None => Ok(None),
         };
@@ -263,7 +263,7 @@ fn sliding_window_call(e: &Expr) -> Option<&datafusion::logical_expr::expr::Scal
         return None;
     }
     let lit = |i: usize| match &f.args[i] {
-        Expr::Literal(v, _) => micros("width", v).ok(),
+        Expr::Literal(v, _) => micros("window", "width", v).ok(),
         _ => None,
     };
     (lit(1)? != lit(2)?).then_some(f)

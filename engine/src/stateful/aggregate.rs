@@ -90,6 +90,126 @@ fn find_partial(plan: &Arc<dyn ExecutionPlan>) -> Result<Arc<dyn ExecutionPlan>>
     )))
 }
 
+/// DataFusion's partial aggregate that feeds a streaming aggregation replacing `agg` (a
+/// `Final`, `FinalPartitioned`, `Single` or `SinglePartitioned` aggregate): the one below it, or
+/// a new one over its input.
+pub(super) fn partial_of(agg: &AggregateExec) -> Result<Arc<dyn ExecutionPlan>> {
+    if agg.group_expr().has_grouping_set() {
+        return Err(DataFusionError::External(Box::new(
+            ClassifiedError::unsupported(
+                "GROUPING SETS, CUBE and ROLLUP are not supported in a streaming \
+                 aggregation; group by plain columns or expressions.",
+            ),
+        )));
+    }
+    match agg.mode() {
+        AggregateMode::Final | AggregateMode::FinalPartitioned => find_partial(agg.input()),
+        AggregateMode::Single | AggregateMode::SinglePartitioned => {
+            Ok(Arc::new(AggregateExec::try_new(
+                AggregateMode::Partial,
+                Arc::new(agg.group_expr().clone()),
+                agg.aggr_expr().to_vec(),
+                agg.filter_expr().to_vec(),
+                Arc::clone(agg.input()),
+                agg.input_schema(),
+            )?))
+        }
+        other => Err(DataFusionError::Internal(format!(
+            "unexpected aggregate mode {other:?} for a streaming aggregation"
+        ))),
+    }
+}
+
+/// The aggregate functions of a streaming aggregation, and how their state columns (after the
+/// group columns of the partial aggregate's output) are laid out.
+pub(super) struct Aggregates {
+    aggr: Vec<Arc<AggregateFunctionExpr>>,
+    /// How many state columns each aggregate has.
+    state_widths: Vec<usize>,
+    /// One line per aggregate for the operator's fingerprint.
+    fingerprint: Vec<String>,
+}
+
+impl Aggregates {
+    /// The aggregates of `partial`, whose output has `num_state_columns` state columns.
+    pub(super) fn new(partial: &AggregateExec, num_state_columns: usize) -> Result<Self> {
+        let aggr = partial.aggr_expr().to_vec();
+        let state_widths = aggr
+            .iter()
+            .map(|a| a.state_fields().map(|f| f.len()))
+            .collect::<Result<Vec<_>>>()?;
+        if state_widths.iter().sum::<usize>() != num_state_columns {
+            return Err(DataFusionError::Internal(
+                "the partial aggregate's state columns do not match its aggregates".into(),
+            ));
+        }
+        let mut fingerprint = vec![];
+        for (a, filter) in aggr.iter().zip(partial.filter_expr()) {
+            let args: Vec<String> = a
+                .expressions()
+                .iter()
+                .map(|e| without_positions(&e.to_string()))
+                .collect();
+            let mut line = format!(
+                "{}({}{})",
+                a.fun().name(),
+                if a.is_distinct() { "DISTINCT " } else { "" },
+                args.join(", ")
+            );
+            if let Some(f) = filter {
+                line.push_str(&format!(
+                    " FILTER (WHERE {})",
+                    without_positions(&f.to_string())
+                ));
+            }
+            fingerprint.push(line);
+        }
+        Ok(Self {
+            aggr,
+            state_widths,
+            fingerprint,
+        })
+    }
+
+    /// The fingerprint lines of the aggregate functions.
+    pub(super) fn fingerprint(&self) -> &[String] {
+        &self.fingerprint
+    }
+
+    /// Fresh accumulators, one per aggregate.
+    pub(super) fn accumulators(&self) -> Result<Vec<Box<dyn GroupsAccumulator>>> {
+        self.aggr
+            .iter()
+            .map(|a| {
+                if a.groups_accumulator_supported() {
+                    a.create_groups_accumulator()
+                } else {
+                    let a = Arc::clone(a);
+                    Ok(Box::new(GroupsAccumulatorAdapter::new(move || {
+                        a.create_accumulator()
+                    })) as Box<dyn GroupsAccumulator>)
+                }
+            })
+            .collect()
+    }
+
+    /// Merges state columns (every aggregate's, in order) into the accumulators.
+    pub(super) fn merge(
+        &self,
+        accs: &mut [Box<dyn GroupsAccumulator>],
+        state: &[ArrayRef],
+        groups: &[usize],
+        num_groups: usize,
+    ) -> Result<()> {
+        let mut offset = 0;
+        for (acc, width) in accs.iter_mut().zip(&self.state_widths) {
+            acc.merge_batch(&state[offset..offset + width], groups, num_groups)?;
+            offset += width;
+        }
+        Ok(())
+    }
+}
+
 /// A grouping key on a watermarked column: the column itself, or `window(column, ...)`.
 #[derive(Debug, Clone, Copy)]
 struct EventTimeKey {
@@ -161,9 +281,7 @@ struct Inner {
     /// DataFusion's partial aggregate of the batch: group columns, then each aggregate's state.
     partial: Arc<dyn ExecutionPlan>,
     num_group: usize,
-    aggr: Vec<Arc<AggregateFunctionExpr>>,
-    /// How many state columns each aggregate has.
-    state_widths: Vec<usize>,
+    aggregates: Aggregates,
     /// The grouping key that carries event time, if a watermark is on it: then the stored key
     /// starts with its end (microseconds), so eviction is a range scan.
     event_time: Option<EventTimeKey>,
@@ -196,38 +314,12 @@ impl StatefulAggregateExec {
     /// Replaces DataFusion's aggregate `agg` (a `Final`, `FinalPartitioned`, `Single` or
     /// `SinglePartitioned` one) as stateful operator `id`.
     pub(crate) fn try_new(agg: &AggregateExec, id: u32, batch: Arc<BatchState>) -> Result<Self> {
-        if agg.group_expr().has_grouping_set() {
-            return Err(DataFusionError::External(Box::new(
-                ClassifiedError::unsupported(
-                    "GROUPING SETS, CUBE and ROLLUP are not supported in a streaming \
-                     aggregation; group by plain columns or expressions.",
-                ),
-            )));
-        }
-        let partial: Arc<dyn ExecutionPlan> = match agg.mode() {
-            AggregateMode::Final | AggregateMode::FinalPartitioned => find_partial(agg.input())?,
-            AggregateMode::Single | AggregateMode::SinglePartitioned => {
-                Arc::new(AggregateExec::try_new(
-                    AggregateMode::Partial,
-                    Arc::new(agg.group_expr().clone()),
-                    agg.aggr_expr().to_vec(),
-                    agg.filter_expr().to_vec(),
-                    Arc::clone(agg.input()),
-                    agg.input_schema(),
-                )?)
-            }
-            other => {
-                return Err(DataFusionError::Internal(format!(
-                    "unexpected aggregate mode {other:?} for a streaming aggregation"
-                )));
-            }
-        };
+        let partial = partial_of(agg)?;
         let Some(partial_agg) = partial.downcast_ref::<AggregateExec>() else {
             return Err(DataFusionError::Internal(
                 "partial is not an aggregate".into(),
             ));
         };
-        let aggr = partial_agg.aggr_expr().to_vec();
         let num_group = partial_agg.group_expr().expr().len();
         let partial_schema = partial.schema();
         let event_time = event_time_key(
@@ -240,15 +332,7 @@ impl StatefulAggregateExec {
         }
         let key_schema = Schema::new(key_fields);
         let value_schema = Schema::new(partial_schema.fields()[num_group..].to_vec());
-        let state_widths = aggr
-            .iter()
-            .map(|a| a.state_fields().map(|f| f.len()))
-            .collect::<Result<Vec<_>>>()?;
-        if state_widths.iter().sum::<usize>() != value_schema.fields().len() {
-            return Err(DataFusionError::Internal(
-                "the partial aggregate's state columns do not match its aggregates".into(),
-            ));
-        }
+        let aggregates = Aggregates::new(partial_agg, value_schema.fields().len())?;
         let sort_fields = |s: &Schema| -> Vec<SortField> {
             s.fields()
                 .iter()
@@ -261,26 +345,7 @@ impl StatefulAggregateExec {
             .iter()
             .map(|(e, _)| format!("group by {}", without_positions(&e.to_string())))
             .collect();
-        for (a, filter) in aggr.iter().zip(partial_agg.filter_expr()) {
-            let args: Vec<String> = a
-                .expressions()
-                .iter()
-                .map(|e| without_positions(&e.to_string()))
-                .collect();
-            let mut line = format!(
-                "{}({}{})",
-                a.fun().name(),
-                if a.is_distinct() { "DISTINCT " } else { "" },
-                args.join(", ")
-            );
-            if let Some(f) = filter {
-                line.push_str(&format!(
-                    " FILTER (WHERE {})",
-                    without_positions(&f.to_string())
-                ));
-            }
-            fingerprint.push(line);
-        }
+        fingerprint.extend(aggregates.fingerprint().iter().cloned());
         let partitions = batch.run()?.partitions;
         let info = OperatorInfo {
             operator_id: id,
@@ -302,8 +367,7 @@ impl StatefulAggregateExec {
             inner: Arc::new(Inner {
                 partial,
                 num_group,
-                aggr,
-                state_widths,
+                aggregates,
                 event_time,
                 key_fields: sort_fields(&key_schema),
                 value_fields: sort_fields(&value_schema),
@@ -323,44 +387,12 @@ impl StatefulAggregateExec {
 }
 
 impl Inner {
-    fn accumulators(&self) -> Result<Vec<Box<dyn GroupsAccumulator>>> {
-        self.aggr
-            .iter()
-            .map(|a| {
-                if a.groups_accumulator_supported() {
-                    a.create_groups_accumulator()
-                } else {
-                    let a = Arc::clone(a);
-                    Ok(Box::new(GroupsAccumulatorAdapter::new(move || {
-                        a.create_accumulator()
-                    })) as Box<dyn GroupsAccumulator>)
-                }
-            })
-            .collect()
-    }
-
-    /// Merges state columns (every aggregate's, in order) into the accumulators.
-    fn merge(
-        &self,
-        accs: &mut [Box<dyn GroupsAccumulator>],
-        state: &[ArrayRef],
-        groups: &[usize],
-        num_groups: usize,
-    ) -> Result<()> {
-        let mut offset = 0;
-        for (acc, width) in accs.iter_mut().zip(&self.state_widths) {
-            acc.merge_batch(&state[offset..offset + width], groups, num_groups)?;
-            offset += width;
-        }
-        Ok(())
-    }
-
     /// The output rows of groups with keys `keys` and accumulator state `state`.
     fn evaluate(&self, keys: &[&[u8]], state: &[ArrayRef]) -> Result<RecordBatch> {
         let n = keys.len();
-        let mut accs = self.accumulators()?;
+        let mut accs = self.aggregates.accumulators()?;
         let groups: Vec<usize> = (0..n).collect();
-        self.merge(&mut accs, state, &groups, n)?;
+        self.aggregates.merge(&mut accs, state, &groups, n)?;
         let mut columns = if self.num_group == 0 {
             vec![]
         } else {
@@ -427,7 +459,7 @@ impl Inner {
         let converter = RowConverter::new(self.key_fields.clone())?;
         let mut index: HashMap<Vec<u8>, usize> = HashMap::new();
         let mut keys: Vec<Vec<u8>> = vec![];
-        let mut accs = self.accumulators()?;
+        let mut accs = self.aggregates.accumulators()?;
         for batch in input {
             let (batch, key_columns) = match self.event_time {
                 None => (batch.clone(), batch.columns()[..self.num_group].to_vec()),
@@ -462,7 +494,7 @@ impl Inner {
                     })
                     .collect()
             };
-            self.merge(
+            self.aggregates.merge(
                 &mut accs,
                 &batch.columns()[self.num_group..],
                 &groups,
@@ -484,7 +516,7 @@ impl Inner {
             if !found.is_empty() {
                 let parser = values.parser();
                 let state = values.convert_rows(bytes.iter().map(|b| parser.parse(b)))?;
-                self.merge(&mut accs, &state, &found, n)?;
+                self.aggregates.merge(&mut accs, &state, &found, n)?;
             }
         }
         let mut state = Vec::with_capacity(self.value_fields.len());

@@ -13,6 +13,7 @@ mod aggregate;
 mod dedupe;
 mod join;
 mod metadata;
+mod session;
 mod watermark;
 
 use std::collections::BTreeMap;
@@ -439,6 +440,12 @@ fn rewrite(
             input,
             agg.input_schema(),
         )?;
+        if let Some(key) = session::session_key(&agg)? {
+            let exec =
+                session::SessionWindowAggregateExec::try_new(&agg, key, id, Arc::clone(batch))?;
+            operators[id as usize] = exec.info().clone();
+            return Ok(Arc::new(exec));
+        }
         let exec = StatefulAggregateExec::try_new(&agg, id, Arc::clone(batch))?;
         operators[id as usize] = exec.info().clone();
         return Ok(Arc::new(exec));

@@ -1,0 +1,780 @@
+//! Session-window aggregation (Spark's `session_window`): per group, the rows' sessions
+//! `[time, time + gap)` merge while they overlap or touch, and each merged session is one output
+//! row, final when the watermark passes its end.
+//!
+//! ```text
+//! AggregateExec(Partial)                 DataFusion's: group keys + each row's own session
+//!                                        (`__session_window`) + accumulator state
+//!   └─ shuffle                           by the group keys without the session
+//! SessionWindowAggregateExec, partition p
+//!                                        multi_get the batch's keys' sessions ("sessions")
+//!                                        sort stored and new sessions by start, merge those
+//!                                        that overlap or touch (start <= end so far), merge
+//!                                        their accumulator state (GroupsAccumulator)
+//!                                        evict sessions whose end the watermark passed, found
+//!                                        through the index "sessions-by-end" (append: emit
+//!                                        them); complete: emit every session
+//!                                        one WriteBatch per store → commit version N+1
+//! ```
+//!
+//! "sessions" maps a group key (arrow-row) to its sessions, in start order:
+//! `[start i64][end i64][length u32][state row]...` (state as arrow-row of the accumulators'
+//! state columns). "sessions-by-end" has one empty-valued entry per session, keyed by its end
+//! (µs, as arrow-row, so eviction is a range scan) then the group key. Update mode is refused
+//! at start, as in Spark: a later row can merge sessions already emitted.
+
+use std::collections::{BTreeSet, HashMap};
+use std::fmt;
+use std::sync::Arc;
+use std::time::Instant;
+
+use arrow::array::{
+    Array, ArrayRef, RecordBatch, StructArray, TimestampMicrosecondArray, UInt32Array,
+};
+use arrow::compute::{concat, take_record_batch};
+use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
+use arrow::row::{RowConverter, SortField};
+use datafusion::common::tree_node::TreeNodeRecursion;
+use datafusion::error::{DataFusionError, Result};
+use datafusion::execution::{SendableRecordBatchStream, TaskContext};
+use datafusion::logical_expr::EmitTo;
+use datafusion::physical_expr::expressions::Column;
+use datafusion::physical_expr::{EquivalenceProperties, ScalarFunctionExpr};
+use datafusion::physical_plan::aggregates::AggregateExec;
+use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
+use datafusion::physical_plan::projection::ProjectionExec;
+use datafusion::physical_plan::{
+    DisplayAs, DisplayFormatType, ExecutionPlan, Partitioning, PhysicalExpr, PlanProperties,
+};
+use tokio::sync::OnceCell;
+use weir_planner::session_window::SESSION_WINDOW_COLUMN;
+use weir_sinks::OutputMode;
+use weir_state::{KeyRange, StateStore, StoreId, WriteBatch};
+
+use super::aggregate::{Aggregates, partial_of, without_positions};
+use super::watermark::event_micros;
+use super::{
+    BatchState, OperatorInfo, event_time_bound, on_blocking_pool, one_batch_stream, state_error,
+    watermark_columns,
+};
+use crate::progress::StateOperatorProgress;
+
+const SESSIONS: &str = "sessions";
+const BY_END: &str = "sessions-by-end";
+/// Bytes of an arrow-row encoded Int64 (the index key's leading end time).
+const TIME_PREFIX: usize = 9;
+
+/// The position of the session key among `agg`'s partial aggregate's group columns, when `agg`
+/// is a session-window aggregation.
+pub(crate) fn session_key(agg: &AggregateExec) -> Result<Option<usize>> {
+    let partial = partial_of(agg)?;
+    let Some(partial) = partial.downcast_ref::<AggregateExec>() else {
+        return Ok(None);
+    };
+    Ok(partial
+        .group_expr()
+        .expr()
+        .iter()
+        .position(|(e, _)| is_session_column(e)))
+}
+
+fn is_session_column(e: &Arc<dyn PhysicalExpr>) -> bool {
+    e.downcast_ref::<Column>()
+        .is_some_and(|c| c.name() == SESSION_WINDOW_COLUMN)
+}
+
+/// The per-row session call below `plan` (the projection that computes
+/// [`SESSION_WINDOW_COLUMN`]).
+fn session_call(plan: &Arc<dyn ExecutionPlan>) -> Option<Arc<dyn PhysicalExpr>> {
+    if let Some(p) = plan.downcast_ref::<ProjectionExec>()
+        && let Some(e) = p.expr().iter().find(|e| e.alias == SESSION_WINDOW_COLUMN)
+    {
+        return Some(Arc::clone(&e.expr));
+    }
+    plan.children().into_iter().find_map(session_call)
+}
+
+/// A stored session.
+#[derive(Clone, Debug)]
+struct Session {
+    start: i64,
+    end: i64,
+    state: Vec<u8>,
+}
+
+fn decode_sessions(v: &[u8]) -> Option<Vec<Session>> {
+    let mut rest = v;
+    let mut out = vec![];
+    while !rest.is_empty() {
+        let (start, r) = rest.split_at_checked(8)?;
+        let (end, r) = r.split_at_checked(8)?;
+        let (len, r) = r.split_at_checked(4)?;
+        let len = u32::from_be_bytes(len.try_into().ok()?) as usize;
+        let (state, r) = r.split_at_checked(len)?;
+        out.push(Session {
+            start: i64::from_be_bytes(start.try_into().ok()?),
+            end: i64::from_be_bytes(end.try_into().ok()?),
+            state: state.to_vec(),
+        });
+        rest = r;
+    }
+    Some(out)
+}
+
+fn encode_sessions(sessions: &[Session]) -> Vec<u8> {
+    let mut v = Vec::with_capacity(sessions.iter().map(|s| 20 + s.state.len()).sum());
+    for s in sessions {
+        v.extend(s.start.to_be_bytes());
+        v.extend(s.end.to_be_bytes());
+        v.extend((s.state.len() as u32).to_be_bytes());
+        v.extend(&s.state);
+    }
+    v
+}
+
+fn corrupt(store: &str) -> DataFusionError {
+    DataFusionError::External(Box::new(weir_common::ClassifiedError::new(
+        "STATE_STORE_FILE_CORRUPT",
+        "XX001",
+        format!("A value in the session-window aggregation's {store} state store is damaged."),
+    )))
+}
+
+/// One group key's sessions as read at the start of the batch, and as they are now.
+struct KeySessions {
+    existed: bool,
+    /// The ends of the stored sessions: their index entries.
+    stored_ends: Vec<i64>,
+    sessions: Vec<Session>,
+}
+
+struct Inner {
+    /// DataFusion's partial aggregate of the batch: group columns (one of them each row's
+    /// session), then each aggregate's state.
+    partial: Arc<dyn ExecutionPlan>,
+    num_group: usize,
+    /// The session column's position among the group columns.
+    session: usize,
+    aggregates: Aggregates,
+    /// The session's time column has a watermark: late rows are dropped and, in append mode,
+    /// sessions the watermark passed are emitted and evicted.
+    watermarked: bool,
+    /// The group columns without the session.
+    key_fields: Vec<SortField>,
+    value_fields: Vec<SortField>,
+    schema: SchemaRef,
+    info: OperatorInfo,
+    batch: Arc<BatchState>,
+    shuffled: OnceCell<Vec<Vec<RecordBatch>>>,
+}
+
+/// The stateful final aggregate of a session-window aggregation; one output partition per
+/// shuffle partition.
+pub(crate) struct SessionWindowAggregateExec {
+    inner: Arc<Inner>,
+    properties: Arc<PlanProperties>,
+}
+
+impl fmt::Debug for SessionWindowAggregateExec {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SessionWindowAggregateExec")
+            .field("operator", &self.inner.info.operator_id)
+            .finish()
+    }
+}
+
+impl SessionWindowAggregateExec {
+    /// Replaces DataFusion's aggregate `agg`, grouped by a session window at `session` among
+    /// its group columns, as stateful operator `id`.
+    pub(crate) fn try_new(
+        agg: &AggregateExec,
+        session: usize,
+        id: u32,
+        batch: Arc<BatchState>,
+    ) -> Result<Self> {
+        let partial = partial_of(agg)?;
+        let Some(partial_agg) = partial.downcast_ref::<AggregateExec>() else {
+            return Err(DataFusionError::Internal(
+                "partial is not an aggregate".into(),
+            ));
+        };
+        let num_group = partial_agg.group_expr().expr().len();
+        let partial_schema = partial.schema();
+        let call = session_call(&partial).ok_or_else(|| {
+            DataFusionError::Internal("a session window without its per-row session".into())
+        })?;
+        let time_column = call
+            .downcast_ref::<ScalarFunctionExpr>()
+            .and_then(|f| f.args().first().cloned())
+            .and_then(|a| a.downcast_ref::<Column>().map(|c| c.name().to_string()));
+        let watermarked = time_column.is_some_and(|t| {
+            watermark_columns(&partial)
+                .iter()
+                .any(|(w, _)| w == t.as_str())
+        });
+        let key_schema = Schema::new(
+            partial_schema.fields()[..num_group]
+                .iter()
+                .enumerate()
+                .filter(|(i, _)| *i != session)
+                .map(|(_, f)| Arc::clone(f))
+                .collect::<Vec<_>>(),
+        );
+        let state_fields = partial_schema.fields()[num_group..].to_vec();
+        let aggregates = Aggregates::new(partial_agg, state_fields.len())?;
+        let mut value_fields = vec![
+            Arc::new(Field::new("session_start_us", DataType::Int64, false)),
+            Arc::new(Field::new("session_end_us", DataType::Int64, false)),
+        ];
+        value_fields.extend(state_fields.iter().cloned());
+        let sort_fields = |fields: &[Arc<Field>]| -> Vec<SortField> {
+            fields
+                .iter()
+                .map(|f| SortField::new(f.data_type().clone()))
+                .collect()
+        };
+        let mut fingerprint: Vec<String> = partial_agg
+            .group_expr()
+            .expr()
+            .iter()
+            .map(|(e, _)| {
+                let e = if is_session_column(e) { &call } else { e };
+                format!("group by {}", without_positions(&e.to_string()))
+            })
+            .collect();
+        fingerprint.extend(aggregates.fingerprint().iter().cloned());
+        let partitions = batch.run()?.partitions;
+        let info = OperatorInfo {
+            operator_id: id,
+            operator_name: "sessionWindowAggregate".into(),
+            num_partitions: partitions,
+            store_names: vec![SESSIONS.into(), BY_END.into()],
+            key_schema: key_schema.clone(),
+            value_schema: Schema::new(value_fields),
+            fingerprint,
+        };
+        let schema = agg.schema();
+        let properties = Arc::new(PlanProperties::new(
+            EquivalenceProperties::new(Arc::clone(&schema)),
+            Partitioning::UnknownPartitioning(partitions),
+            EmissionType::Final,
+            Boundedness::Bounded,
+        ));
+        Ok(Self {
+            inner: Arc::new(Inner {
+                partial,
+                num_group,
+                session,
+                aggregates,
+                watermarked,
+                key_fields: sort_fields(key_schema.fields()),
+                value_fields: sort_fields(&state_fields),
+                schema,
+                info,
+                batch,
+                shuffled: OnceCell::new(),
+            }),
+            properties,
+        })
+    }
+
+    /// The operator as the checkpoint records it.
+    pub(crate) fn info(&self) -> &OperatorInfo {
+        &self.inner.info
+    }
+}
+
+/// The index key of a session of `key` ending at `end`.
+fn index_key(end: i64, key: &[u8]) -> Result<Vec<u8>> {
+    let mut k = event_time_bound(end)?;
+    k.extend_from_slice(key);
+    Ok(k)
+}
+
+impl Inner {
+    /// The group columns without the session.
+    fn key_columns<'a>(&self, batch: &'a RecordBatch) -> Vec<&'a ArrayRef> {
+        batch.columns()[..self.num_group]
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| *i != self.session)
+            .map(|(_, c)| c)
+            .collect()
+    }
+
+    async fn shuffle(&self, context: Arc<TaskContext>) -> Result<Vec<Vec<RecordBatch>>> {
+        let keys: Vec<usize> = (0..self.num_group).filter(|&i| i != self.session).collect();
+        super::shuffle(
+            Arc::clone(&self.partial),
+            context,
+            &keys,
+            self.key_fields.clone(),
+            self.batch.run()?.partitions,
+        )
+        .await
+    }
+
+    /// The output rows of `sessions`: (group key, start, end, state row).
+    fn evaluate(&self, sessions: &[(&[u8], &Session)]) -> Result<RecordBatch> {
+        if sessions.is_empty() {
+            return Ok(RecordBatch::new_empty(Arc::clone(&self.schema)));
+        }
+        let n = sessions.len();
+        let values = RowConverter::new(self.value_fields.clone())?;
+        let parser = values.parser();
+        let state = values.convert_rows(sessions.iter().map(|(_, s)| parser.parse(&s.state)))?;
+        let mut accs = self.aggregates.accumulators()?;
+        let groups: Vec<usize> = (0..n).collect();
+        self.aggregates.merge(&mut accs, &state, &groups, n)?;
+        let mut keys = if self.key_fields.is_empty() {
+            vec![]
+        } else {
+            let converter = RowConverter::new(self.key_fields.clone())?;
+            let parser = converter.parser();
+            converter.convert_rows(sessions.iter().map(|(k, _)| parser.parse(k)))?
+        };
+        let session_type = self.schema.field(self.session).data_type().clone();
+        let DataType::Struct(fields) = &session_type else {
+            return Err(DataFusionError::Internal(
+                "a session window is not a struct".into(),
+            ));
+        };
+        let tz = match fields.first().map(|f| f.data_type()) {
+            Some(DataType::Timestamp(_, tz)) => tz.clone(),
+            _ => None,
+        };
+        let starts =
+            TimestampMicrosecondArray::from_iter_values(sessions.iter().map(|(_, s)| s.start))
+                .with_timezone_opt(tz.clone());
+        let ends = TimestampMicrosecondArray::from_iter_values(sessions.iter().map(|(_, s)| s.end))
+            .with_timezone_opt(tz);
+        let window = StructArray::try_new(
+            fields.clone(),
+            vec![Arc::new(starts) as ArrayRef, Arc::new(ends)],
+            None,
+        )?;
+        keys.insert(self.session, Arc::new(window));
+        for acc in &mut accs {
+            keys.push(acc.evaluate(EmitTo::All)?);
+        }
+        Ok(RecordBatch::try_new(Arc::clone(&self.schema), keys)?)
+    }
+
+    /// Reads the stored sessions of `keys` not read yet into `by_key`.
+    fn load(
+        &self,
+        store: &dyn StateStore,
+        keys: Vec<Vec<u8>>,
+        by_key: &mut HashMap<Vec<u8>, KeySessions>,
+    ) -> Result<()> {
+        let missing: Vec<Vec<u8>> = keys
+            .into_iter()
+            .filter(|k| !by_key.contains_key(k))
+            .collect::<BTreeSet<_>>()
+            .into_iter()
+            .collect();
+        let refs: Vec<&[u8]> = missing.iter().map(Vec::as_slice).collect();
+        let values = store.multi_get(&refs).map_err(state_error)?;
+        for (k, v) in missing.into_iter().zip(values) {
+            let sessions = match v {
+                Some(v) => decode_sessions(&v).ok_or_else(|| corrupt(SESSIONS))?,
+                None => vec![],
+            };
+            by_key.insert(
+                k,
+                KeySessions {
+                    existed: !sessions.is_empty(),
+                    stored_ends: sessions.iter().map(|s| s.end).collect(),
+                    sessions,
+                },
+            );
+        }
+        Ok(())
+    }
+
+    /// Merges partition `partition`'s partial rows into its stored sessions, evicts and emits
+    /// by output mode, writes the new state and commits both stores.
+    fn merge_partition(&self, partition: usize, input: &[RecordBatch]) -> Result<RecordBatch> {
+        let started = Instant::now();
+        let run = self.batch.run()?;
+        let watermark = self.batch.watermark;
+        let op = self.info.operator_id;
+        let mut store = run
+            .provider
+            .open(
+                &StoreId::new(op, partition as u32, SESSIONS),
+                self.batch.batch,
+            )
+            .map_err(state_error)?;
+        let mut index = run
+            .provider
+            .open(
+                &StoreId::new(op, partition as u32, BY_END),
+                self.batch.batch,
+            )
+            .map_err(state_error)?;
+        let keys_conv = RowConverter::new(self.key_fields.clone())?;
+        let values = RowConverter::new(self.value_fields.clone())?;
+
+        // This batch's rows, each with its own session; rows without a session are in none,
+        // rows whose session ended at or behind the previous watermark are late.
+        let late_us = watermark.late_ms.saturating_mul(1000);
+        let mut dropped = 0u64;
+        let mut rows: Vec<(Vec<u8>, i64, i64)> = vec![];
+        let mut row_state: Vec<Vec<ArrayRef>> = vec![];
+        for batch in input {
+            let session = batch
+                .column(self.session)
+                .as_any()
+                .downcast_ref::<StructArray>()
+                .ok_or_else(|| DataFusionError::Internal("a session is not a struct".into()))?;
+            let starts = event_micros(session.column(0).as_ref())?;
+            let ends = event_micros(session.column(1).as_ref())?;
+            let mut keep = vec![];
+            for i in 0..batch.num_rows() {
+                if session.is_null(i) || starts.is_null(i) || ends.is_null(i) {
+                    continue;
+                }
+                if self.watermarked && ends.value(i) <= late_us {
+                    dropped += 1;
+                    continue;
+                }
+                keep.push(i as u32);
+            }
+            if keep.is_empty() {
+                continue;
+            }
+            let kept = take_record_batch(batch, &UInt32Array::from(keep.clone()))?;
+            let keys = if self.key_fields.is_empty() {
+                None
+            } else {
+                let columns: Vec<ArrayRef> = self.key_columns(&kept).into_iter().cloned().collect();
+                Some(keys_conv.convert_columns(&columns)?)
+            };
+            for (j, &i) in keep.iter().enumerate() {
+                let key = keys.as_ref().map_or(vec![], |k| k.row(j).as_ref().to_vec());
+                rows.push((key, starts.value(i as usize), ends.value(i as usize)));
+            }
+            row_state.push(kept.columns()[self.num_group..].to_vec());
+        }
+
+        // The stored sessions of these keys, and the merge: per key, stored and new sessions
+        // by start; one that starts at or before the merged end so far joins it (Spark's
+        // MergingSessionsIterator rule).
+        let mut by_key: HashMap<Vec<u8>, KeySessions> = HashMap::new();
+        self.load(
+            store.as_ref(),
+            rows.iter().map(|(k, _, _)| k.clone()).collect(),
+            &mut by_key,
+        )?;
+        let mut touched: Vec<Vec<u8>> = by_key.keys().cloned().collect();
+        touched.sort();
+        // Sources of a merged session: a new row (its index in `rows`), or a stored session.
+        enum Part {
+            Row(usize),
+            Stored(usize),
+        }
+        let mut rows_of_key: HashMap<&[u8], Vec<usize>> = HashMap::new();
+        for (r, (k, _, _)) in rows.iter().enumerate() {
+            rows_of_key.entry(k.as_slice()).or_default().push(r);
+        }
+        let mut stored_state: Vec<&[u8]> = vec![];
+        let mut stored_group: Vec<usize> = vec![];
+        let mut row_group = vec![0usize; rows.len()];
+        // Per merged session: its key and extent.
+        let mut merged: Vec<(usize, i64, i64)> = vec![];
+        for (ki, key) in touched.iter().enumerate() {
+            let stored = &by_key[key].sessions;
+            let mut parts: Vec<(i64, i64, Part)> = stored
+                .iter()
+                .enumerate()
+                .map(|(j, s)| (s.start, s.end, Part::Stored(j)))
+                .collect();
+            for &r in rows_of_key.get(key.as_slice()).into_iter().flatten() {
+                parts.push((rows[r].1, rows[r].2, Part::Row(r)));
+            }
+            parts.sort_by_key(|(start, _, _)| *start);
+            for (start, end, part) in parts {
+                match merged.last_mut() {
+                    Some((k, _, e)) if *k == ki && start <= *e => *e = (*e).max(end),
+                    _ => merged.push((ki, start, end)),
+                }
+                let g = merged.len() - 1;
+                match part {
+                    Part::Row(r) => row_group[r] = g,
+                    Part::Stored(j) => {
+                        stored_state.push(&stored[j].state);
+                        stored_group.push(g);
+                    }
+                }
+            }
+        }
+        let n = merged.len();
+        let mut new_state: Vec<Vec<u8>> = vec![];
+        if n > 0 {
+            // Every source's state in one merge, so every group appears in it.
+            let parser = values.parser();
+            let stored_columns =
+                values.convert_rows(stored_state.iter().map(|s| parser.parse(s)))?;
+            let width = self.value_fields.len();
+            let mut state = Vec::with_capacity(width);
+            for c in 0..width {
+                let mut parts: Vec<&dyn Array> =
+                    row_state.iter().map(|cols| cols[c].as_ref()).collect();
+                parts.push(stored_columns[c].as_ref());
+                state.push(concat(&parts)?);
+            }
+            let mut groups = row_group;
+            groups.extend(stored_group);
+            let mut accs = self.aggregates.accumulators()?;
+            self.aggregates.merge(&mut accs, &state, &groups, n)?;
+            let mut out = Vec::with_capacity(width);
+            for acc in &mut accs {
+                out.extend(acc.state(EmitTo::All)?);
+            }
+            new_state = values
+                .convert_columns(&out)?
+                .iter()
+                .map(|r| r.as_ref().to_vec())
+                .collect();
+        }
+        for ks in by_key.values_mut() {
+            ks.sessions.clear();
+        }
+        for ((ki, start, end), state) in merged.into_iter().zip(new_state) {
+            if let Some(ks) = by_key.get_mut(&touched[ki]) {
+                ks.sessions.push(Session { start, end, state });
+            }
+        }
+        let updated = n as u64;
+        let updates = started.elapsed();
+
+        // Sessions whose end the watermark passed are final: append mode emits them, and they
+        // leave state (complete mode keeps everything). They are found through the index,
+        // from where this run's last eviction ended, plus this batch's own sessions.
+        let removing = Instant::now();
+        let mut evicted: Vec<(Vec<u8>, Session)> = vec![];
+        if self.watermarked && run.output_mode == OutputMode::Append {
+            let wm_us = watermark.eviction_ms.saturating_mul(1000);
+            let floor_id = index.id().clone();
+            let floor = run
+                .evicted_up_to
+                .lock()
+                .ok()
+                .and_then(|f| f.get(&floor_id).copied());
+            let range = KeyRange {
+                start: match floor {
+                    Some(f) => std::ops::Bound::Included(event_time_bound(f)?),
+                    None => std::ops::Bound::Unbounded,
+                },
+                end: std::ops::Bound::Excluded(event_time_bound(wm_us.saturating_add(1))?),
+            };
+            let expired = index.scan(&range).map_err(state_error)?;
+            if let Ok(mut f) = run.evicted_up_to.lock() {
+                let e = f.entry(floor_id).or_insert(wm_us);
+                *e = (*e).max(wm_us);
+            }
+            let mut keys = vec![];
+            for (k, _) in expired {
+                let key = k.get(TIME_PREFIX..).ok_or_else(|| corrupt(BY_END))?;
+                keys.push(key.to_vec());
+            }
+            self.load(store.as_ref(), keys, &mut by_key)?;
+            let mut candidates: Vec<&Vec<u8>> = by_key.keys().collect();
+            candidates.sort();
+            let candidates: Vec<Vec<u8>> = candidates.into_iter().cloned().collect();
+            for key in candidates {
+                let Some(ks) = by_key.get_mut(&key) else {
+                    continue;
+                };
+                let (gone, kept): (Vec<Session>, Vec<Session>) = std::mem::take(&mut ks.sessions)
+                    .into_iter()
+                    .partition(|s| s.end <= wm_us);
+                ks.sessions = kept;
+                evicted.extend(gone.into_iter().map(|s| (key.clone(), s)));
+            }
+        }
+        let removed = evicted.len() as u64;
+
+        // One write batch per store: each changed key's sessions, and the index entries of
+        // the sessions that came or went.
+        let mut writes = WriteBatch::new();
+        let mut index_writes = WriteBatch::new();
+        let (mut key_delta, mut index_delta) = (0i64, 0i64);
+        let mut changed: Vec<(&Vec<u8>, &KeySessions)> = by_key.iter().collect();
+        changed.sort_by(|a, b| a.0.cmp(b.0));
+        for (key, ks) in changed {
+            let now: BTreeSet<i64> = ks.sessions.iter().map(|s| s.end).collect();
+            let before: BTreeSet<i64> = ks.stored_ends.iter().copied().collect();
+            for end in before.difference(&now) {
+                index_writes.delete(index_key(*end, key)?);
+                index_delta -= 1;
+            }
+            for end in now.difference(&before) {
+                index_writes.put(index_key(*end, key)?, Vec::new());
+                index_delta += 1;
+            }
+            if ks.sessions.is_empty() {
+                if ks.existed {
+                    writes.delete(key.clone());
+                    key_delta -= 1;
+                }
+            } else {
+                writes.put(key.clone(), encode_sessions(&ks.sessions));
+                key_delta += i64::from(!ks.existed);
+            }
+        }
+        store
+            .apply(writes.with_key_delta(key_delta))
+            .map_err(state_error)?;
+        index
+            .apply(index_writes.with_key_delta(index_delta))
+            .map_err(state_error)?;
+        let removals = removing.elapsed();
+
+        let output = match run.output_mode {
+            OutputMode::Complete => {
+                let all = store.scan(&KeyRange::all()).map_err(state_error)?;
+                let mut decoded = vec![];
+                for (k, v) in &all {
+                    let sessions = decode_sessions(v).ok_or_else(|| corrupt(SESSIONS))?;
+                    decoded.push((k.as_slice(), sessions));
+                }
+                let flat: Vec<(&[u8], &Session)> = decoded
+                    .iter()
+                    .flat_map(|(k, ss)| ss.iter().map(move |s| (*k, s)))
+                    .collect();
+                self.evaluate(&flat)?
+            }
+            _ => {
+                let flat: Vec<(&[u8], &Session)> =
+                    evicted.iter().map(|(k, s)| (k.as_slice(), s)).collect();
+                self.evaluate(&flat)?
+            }
+        };
+
+        let committing = Instant::now();
+        store.commit().map_err(state_error)?;
+        index.commit().map_err(state_error)?;
+        let (sm, im) = (store.metrics(), index.metrics());
+        let mut custom = sm.custom.clone();
+        for (k, v) in im.custom {
+            *custom.entry(k).or_default() += v;
+        }
+        self.batch.record(
+            op,
+            StateOperatorProgress {
+                operator_name: self.info.operator_name.clone(),
+                // Sessions in state: one index entry each.
+                num_rows_total: im.num_keys,
+                num_rows_updated: updated,
+                all_updates_time_ms: updates.as_millis() as u64,
+                num_rows_removed: removed,
+                all_removals_time_ms: removals.as_millis() as u64,
+                num_rows_dropped_by_watermark: dropped,
+                commit_time_ms: committing.elapsed().as_millis() as u64,
+                memory_used_bytes: sm.memory_used_bytes + im.memory_used_bytes,
+                num_shuffle_partitions: run.partitions as u64,
+                num_state_store_instances: 2,
+                custom_metrics: custom,
+            },
+        );
+        Ok(output)
+    }
+}
+
+impl DisplayAs for SessionWindowAggregateExec {
+    fn fmt_as(&self, _t: DisplayFormatType, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "SessionWindowAggregateExec: operator={}, {}",
+            self.inner.info.operator_id,
+            self.inner.info.fingerprint.join(", ")
+        )
+    }
+}
+
+impl ExecutionPlan for SessionWindowAggregateExec {
+    fn name(&self) -> &str {
+        "SessionWindowAggregateExec"
+    }
+
+    fn properties(&self) -> &Arc<PlanProperties> {
+        &self.properties
+    }
+
+    fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
+        vec![&self.inner.partial]
+    }
+
+    fn apply_expressions(
+        &self,
+        _f: &mut dyn FnMut(&Arc<dyn PhysicalExpr>) -> Result<TreeNodeRecursion>,
+    ) -> Result<TreeNodeRecursion> {
+        Ok(TreeNodeRecursion::Continue)
+    }
+
+    fn with_new_children(
+        self: Arc<Self>,
+        children: Vec<Arc<dyn ExecutionPlan>>,
+    ) -> Result<Arc<dyn ExecutionPlan>> {
+        match children.as_slice() {
+            [only] if Arc::ptr_eq(only, &self.inner.partial) => Ok(self),
+            _ => Err(DataFusionError::Internal(
+                "a session-window aggregation's input cannot be replaced once planned".into(),
+            )),
+        }
+    }
+
+    fn execute(
+        &self,
+        partition: usize,
+        context: Arc<TaskContext>,
+    ) -> Result<SendableRecordBatchStream> {
+        let inner = Arc::clone(&self.inner);
+        let run = async move {
+            let shuffled = inner
+                .shuffled
+                .get_or_try_init(|| inner.shuffle(context))
+                .await?;
+            let input = shuffled.get(partition).cloned().unwrap_or_default();
+            let worker = Arc::clone(&inner);
+            on_blocking_pool(move || worker.merge_partition(partition, &input)).await
+        };
+        Ok(one_batch_stream(Arc::clone(&self.inner.schema), run))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stored_sessions_round_trip_and_damage_is_detected() {
+        let sessions = vec![
+            Session {
+                start: -5,
+                end: 10,
+                state: vec![1, 2, 3],
+            },
+            Session {
+                start: 20,
+                end: 30,
+                state: vec![],
+            },
+        ];
+        let bytes = encode_sessions(&sessions);
+        let back = decode_sessions(&bytes).unwrap();
+        assert_eq!(back.len(), 2);
+        assert_eq!(
+            (back[0].start, back[0].end, &back[0].state[..]),
+            (-5, 10, &[1u8, 2, 3][..])
+        );
+        assert_eq!(
+            (back[1].start, back[1].end, back[1].state.len()),
+            (20, 30, 0)
+        );
+        assert!(decode_sessions(&bytes[..bytes.len() - 1]).is_none());
+        assert_eq!(TIME_PREFIX, event_time_bound(0).unwrap().len());
+    }
+}
