@@ -333,6 +333,10 @@ impl Inner {
 
         let committing = Instant::now();
         store.commit().map_err(state_error)?;
+        if partition == 0 {
+            // Crash tests stop here: one partition's state is committed, the others' are not.
+            weir_common::failpoint::pause_point("state_committed", self.batch.batch);
+        }
         let metrics = store.metrics();
         self.batch.record(
             self.info.operator_id,

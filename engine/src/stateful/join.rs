@@ -797,6 +797,10 @@ impl Inner {
         for s in [&mut ls, &mut lt, &mut rs, &mut rt] {
             s.commit().map_err(state_error)?;
         }
+        if partition == 0 {
+            // Crash tests stop here: one partition's state is committed, the others' are not.
+            weir_common::failpoint::pause_point("state_committed", self.batch.batch);
+        }
         let (lm, rm) = (ls.metrics(), rs.metrics());
         let (ltm, rtm) = (lt.metrics(), rt.metrics());
         let mut custom = lm.custom.clone();
