@@ -12,6 +12,12 @@ use weir::{
     WeirSession,
 };
 
+/// The CLI allocates with mimalloc: stateful operators allocate a key and a value per state
+/// row, where glibc's allocator spends its time consolidating and unlinking chunks (embedding
+/// programs choose their own allocator).
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 #[derive(Parser)]
 #[command(
     name = "weir",
