@@ -26,6 +26,8 @@ pub struct BenchConfig {
     pub partitions: usize,
     /// Stateful workloads: asynchronous state checkpointing.
     pub async_state_checkpoint: bool,
+    /// Stateful workloads: a RocksDB snapshot every this many versions (the default if `None`).
+    pub min_deltas_for_snapshot: Option<u64>,
 }
 
 /// Summary statistics of a series.
@@ -88,10 +90,14 @@ fn workload_sql(cfg: &BenchConfig) -> Result<String> {
         cfg.rows_per_batch, cfg.partitions
     );
     let asynchronous = cfg.async_state_checkpoint;
+    let snapshots = cfg
+        .min_deltas_for_snapshot
+        .map(|n| format!(", stateStore.minDeltasForSnapshot '{n}'"))
+        .unwrap_or_default();
     let table = |mode: &str, query: String| {
         format!(
             "CREATE STREAMING TABLE bench USING noop OPTIONS (outputMode '{mode}', \
-             asyncStateCheckpoint '{asynchronous}') AS {query}"
+             asyncStateCheckpoint '{asynchronous}'{snapshots}) AS {query}"
         )
     };
     match cfg.workload.to_ascii_lowercase().as_str() {

@@ -74,6 +74,10 @@ enum Command {
         /// Stateful workloads: asynchronous state checkpointing.
         #[arg(long)]
         async_state_checkpoint: bool,
+        /// Stateful workloads: a RocksDB snapshot every N state versions
+        /// (`stateStore.minDeltasForSnapshot`, default 10).
+        #[arg(long)]
+        min_deltas_for_snapshot: Option<u64>,
     },
 }
 
@@ -195,6 +199,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             partitions,
             json,
             async_state_checkpoint,
+            min_deltas_for_snapshot,
         } => {
             let report = run_bench(&BenchConfig {
                 workload,
@@ -203,6 +208,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                 rows_per_batch,
                 partitions,
                 async_state_checkpoint,
+                min_deltas_for_snapshot,
             })
             .await?;
             if json {

@@ -149,7 +149,7 @@ impl ScalarUDFImpl for PerRowSessionFunction {
         let ends: TimestampMicrosecondArray = time
             .iter()
             .zip(&gaps)
-            .map(|(t, g)| Some(t?.checked_add((*g)?)?))
+            .map(|(t, g)| t?.checked_add((*g)?))
             .collect();
         let nulls = NullBuffer::union(time.nulls(), ends.nulls());
         let starts = TimestampMicrosecondArray::new(time.values().clone(), nulls.clone())
