@@ -113,17 +113,25 @@ impl KeyRange {
 
     /// Whether `key` lies in the range.
     pub fn contains(&self, key: &[u8]) -> bool {
-        let above_start = match &self.start {
-            Bound::Unbounded => true,
-            Bound::Included(s) => key >= s.as_slice(),
-            Bound::Excluded(s) => key > s.as_slice(),
-        };
-        let below_end = match &self.end {
-            Bound::Unbounded => true,
-            Bound::Included(e) => key <= e.as_slice(),
-            Bound::Excluded(e) => key < e.as_slice(),
-        };
-        above_start && below_end
+        !self.before_start(key) && !self.past_end(key)
+    }
+
+    /// Whether `key` sorts before the range.
+    pub fn before_start(&self, key: &[u8]) -> bool {
+        match &self.start {
+            Bound::Unbounded => false,
+            Bound::Included(s) => key < s.as_slice(),
+            Bound::Excluded(s) => key <= s.as_slice(),
+        }
+    }
+
+    /// Whether `key` sorts after the range.
+    pub fn past_end(&self, key: &[u8]) -> bool {
+        match &self.end {
+            Bound::Unbounded => false,
+            Bound::Included(e) => key > e.as_slice(),
+            Bound::Excluded(e) => key >= e.as_slice(),
+        }
     }
 }
 

@@ -104,16 +104,8 @@ impl Pending {
     /// The pending operations on keys in `range`, in key order.
     fn range(&self, range: &KeyRange) -> &[(Vec<u8>, Option<Vec<u8>>)] {
         let ops = self.batch.ops();
-        let from = match &range.start {
-            std::ops::Bound::Unbounded => 0,
-            std::ops::Bound::Included(s) => ops.partition_point(|(k, _)| k < s),
-            std::ops::Bound::Excluded(s) => ops.partition_point(|(k, _)| k <= s),
-        };
-        let to = match &range.end {
-            std::ops::Bound::Unbounded => ops.len(),
-            std::ops::Bound::Included(e) => ops.partition_point(|(k, _)| k <= e),
-            std::ops::Bound::Excluded(e) => ops.partition_point(|(k, _)| k < e),
-        };
+        let from = ops.partition_point(|(k, _)| range.before_start(k));
+        let to = ops.partition_point(|(k, _)| !range.past_end(k));
         ops.get(from..to.max(from)).unwrap_or_default()
     }
 }
@@ -754,11 +746,6 @@ impl StateStore for RocksDbStateStore {
         if let std::ops::Bound::Excluded(e) = &range.end {
             ro.set_iterate_upper_bound(e.clone());
         }
-        let past_end = |k: &[u8]| match &range.end {
-            std::ops::Bound::Included(e) => k > e.as_slice(),
-            std::ops::Bound::Excluded(e) => k >= e.as_slice(),
-            std::ops::Bound::Unbounded => false,
-        };
         // The instance's keys and the staged writes in the range, both in key order: merged in
         // one pass.
         let mut out = Vec::new();
@@ -775,7 +762,7 @@ impl StateStore for RocksDbStateStore {
         let mut staged = in_range.into_iter().peekable();
         for item in self.db.iterator_opt(IteratorMode::Start, ro) {
             let (k, v) = item.map_err(|e| backend(&self.id, e))?;
-            if past_end(&k) {
+            if range.past_end(&k) {
                 break;
             }
             if !range.contains(&k) {
