@@ -8,8 +8,9 @@
 //!   output  L ⋈ (stored right ∪ R)  ∪  stored left ⋈ R, then the rest of the condition
 //!   store   L and R: "<side>" key = join key, value = the list of its rows (batch and row
 //!           number, matched flag, event time, row), read for all the batch's keys with one
-//!           multi_get; "<side>-time" = event time ++ join key ++ (batch, row), an index for
-//!           eviction by range and the row count
+//!           multi_get; "<side>-times" = event time ++ batch -> the (join key, row) of that
+//!           batch's rows at that time: an index for eviction by range, one entry per
+//!           distinct event time rather than per row; and the side's row count
 //!   evict   left rows with time <= watermark - upper, right rows with time <= watermark +
 //!           lower (no future row of the other side can match them); an outer join emits the
 //!           evicted rows of its outer side that never matched, padded with nulls
@@ -214,7 +215,7 @@ impl StreamJoinExec {
             operator_id: id,
             operator_name: "streamStreamJoin".into(),
             num_partitions: partitions,
-            store_names: ["left", "left-time", "right", "right-time"]
+            store_names: ["left", "left-times", "right", "right-times"]
                 .map(String::from)
                 .to_vec(),
             key_schema,
@@ -401,6 +402,79 @@ impl<'a> StoredRefs<'a> {
     }
 }
 
+/// A stored row's identity: the batch and row number that stored it.
+fn suffix(batch: u64, row: u32) -> [u8; 12] {
+    let mut s = [0u8; 12];
+    s[..8].copy_from_slice(&batch.to_be_bytes());
+    s[8..].copy_from_slice(&row.to_be_bytes());
+    s
+}
+
+/// The key of the index entry of `batch`'s rows at event time `time`.
+fn index_key(time: i64, batch: u64) -> Result<Vec<u8>> {
+    let mut k = event_time_bound(time)?;
+    k.extend(batch.to_be_bytes());
+    Ok(k)
+}
+
+/// Adds row `row` with join key `key` to an index entry's value: `[key length 4][key][row 4]...`.
+fn push_index_row(entry: &mut Vec<u8>, key: &[u8], row: u32) {
+    entry.extend((key.len() as u32).to_be_bytes());
+    entry.extend(key);
+    entry.extend(row.to_be_bytes());
+}
+
+/// An index entry's rows: (join key, row number) each.
+fn decode_index(v: &[u8]) -> Option<Vec<(&[u8], u32)>> {
+    let mut rest = v;
+    let mut out = vec![];
+    while !rest.is_empty() {
+        let (len, r) = rest.split_at_checked(4)?;
+        let len = u32::from_be_bytes(len.try_into().ok()?) as usize;
+        let (key, r) = r.split_at_checked(len)?;
+        let (row, r) = r.split_at_checked(4)?;
+        out.push((key, u32::from_be_bytes(row.try_into().ok()?)));
+        rest = r;
+    }
+    Some(out)
+}
+
+/// The index store's key of the side's row count. Arrow-row marks a non-null value with a
+/// leading 1, so this sorts before every event-time key and no eviction scan reaches it.
+const COUNT_KEY: &[u8] = &[0];
+
+/// One side's rows in state, kept in its index store under [`COUNT_KEY`].
+struct RowCount {
+    rows: i64,
+    stored: bool,
+}
+
+impl RowCount {
+    fn read(store: &dyn StateStore, name: &str) -> Result<Self> {
+        let stored = store
+            .multi_get(&[COUNT_KEY])
+            .map_err(state_error)?
+            .pop()
+            .flatten();
+        Ok(match stored {
+            Some(v) => Self {
+                rows: i64::from_be_bytes(v.as_slice().try_into().map_err(|_| corrupt(name))?),
+                stored: true,
+            },
+            None => Self {
+                rows: 0,
+                stored: false,
+            },
+        })
+    }
+
+    fn write(&self) -> WriteBatch {
+        let mut w = WriteBatch::new();
+        w.put(COUNT_KEY.to_vec(), self.rows.to_be_bytes().to_vec());
+        w.with_key_delta(i64::from(!self.stored))
+    }
+}
+
 fn corrupt(store: &str) -> DataFusionError {
     DataFusionError::External(Box::new(weir_common::ClassifiedError::new(
         "STATE_STORE_FILE_CORRUPT",
@@ -483,9 +557,9 @@ impl Inner {
         };
         let (mut ls, mut lt, mut rs, mut rt) = (
             open("left")?,
-            open("left-time")?,
+            open("left-times")?,
             open("right")?,
-            open("right-time")?,
+            open("right-times")?,
         );
         let l = self.side_rows(&self.left, left_in, late_us)?;
         let r = self.side_rows(&self.right, right_in, late_us)?;
@@ -624,7 +698,9 @@ impl Inner {
         // time never meets the time range: where the side evicts, it is not kept (an outer
         // side emits it now if it matched nothing).
         let mut updated = 0u64;
-        for (side, rows, conv, matched, lists, time_store) in [
+        let mut left_count = RowCount::read(lt.as_ref(), "left-times")?;
+        let mut right_count = RowCount::read(rt.as_ref(), "right-times")?;
+        for (side, rows, conv, matched, lists, time_store, counts) in [
             (
                 &self.left,
                 &l,
@@ -632,6 +708,7 @@ impl Inner {
                 &new_left_matched,
                 &mut left_lists,
                 &mut lt,
+                &mut left_count,
             ),
             (
                 &self.right,
@@ -640,11 +717,12 @@ impl Inner {
                 &new_right_matched,
                 &mut right_lists,
                 &mut rt,
+                &mut right_count,
             ),
         ] {
             let encoded = conv.convert_columns(rows.batch.columns())?;
-            let mut index = WriteBatch::new();
-            let mut added = 0i64;
+            // The index groups the batch's rows by event time: one entry per distinct time.
+            let mut by_time: HashMap<i64, Vec<u8>> = HashMap::new();
             let mut timeless = vec![];
             for (i, k) in rows.keys.iter().enumerate() {
                 let untimed = rows.times.as_ref().is_some_and(|t| t.is_null(i));
@@ -654,34 +732,33 @@ impl Inner {
                     }
                     continue;
                 }
-                let mut suffix = [0u8; 12];
-                suffix[..8].copy_from_slice(&self.batch.batch.to_be_bytes());
-                suffix[8..].copy_from_slice(&(i as u32).to_be_bytes());
                 let time = rows
                     .times
                     .as_ref()
                     .filter(|t| t.is_valid(i))
                     .map_or(i64::MIN, |t| t.value(i));
-                let mut tk = event_time_bound(time)?;
-                tk.extend(k.data());
-                tk.extend(suffix);
-                index.put(tk, Vec::new());
+                push_index_row(by_time.entry(time).or_default(), k.data(), i as u32);
                 lists
                     .lists
                     .entry(k.data().to_vec())
                     .or_default()
                     .push(Entry {
-                        suffix,
+                        suffix: suffix(self.batch.batch, i as u32),
                         matched: matched[i],
                         time,
                         row: encoded.row(i).as_ref().to_vec(),
                     });
                 lists.dirty.insert(k.data().to_vec());
                 updated += 1;
-                added += 1;
+                counts.rows += 1;
+            }
+            let mut index = WriteBatch::new();
+            let entries = by_time.len() as i64;
+            for (time, rows) in by_time {
+                index.put(index_key(time, self.batch.batch)?, rows);
             }
             time_store
-                .apply(index.with_key_delta(added))
+                .apply(index.with_key_delta(entries))
                 .map_err(state_error)?;
             if !timeless.is_empty() {
                 let rows = arrow::compute::take_record_batch(
@@ -698,7 +775,7 @@ impl Inner {
         let removing = Instant::now();
         let mut removed = 0u64;
         let wm_us = wm.eviction_ms.saturating_mul(1000);
-        for (side, store, lists, time_store, conv, schema) in [
+        for (side, store, lists, time_store, conv, schema, counts) in [
             (
                 &self.left,
                 &ls,
@@ -706,6 +783,7 @@ impl Inner {
                 &mut lt,
                 &left_rows,
                 &left_schema,
+                &mut left_count,
             ),
             (
                 &self.right,
@@ -714,6 +792,7 @@ impl Inner {
                 &mut rt,
                 &right_rows,
                 &right_schema,
+                &mut right_count,
             ),
         ] {
             let Some(after) = side.evict_after_us else {
@@ -722,7 +801,8 @@ impl Inner {
             let limit = wm_us.saturating_add(after);
             // Everything at or below the last limit is gone (new rows are later than the last
             // watermark, which is at least that limit when the time range contains 0), so the
-            // scan starts there; a run's first scan starts at the beginning.
+            // scan starts there; a run's first scan starts at the first event time (past the
+            // row count).
             let floor_id = time_store.id().clone();
             let floor = run
                 .evicted_up_to
@@ -731,10 +811,7 @@ impl Inner {
                 .and_then(|f| f.get(&floor_id).copied())
                 .filter(|_| after <= 0);
             let range = KeyRange {
-                start: match floor {
-                    Some(f) => std::ops::Bound::Included(event_time_bound(f)?),
-                    None => std::ops::Bound::Unbounded,
-                },
+                start: std::ops::Bound::Included(event_time_bound(floor.unwrap_or(i64::MIN))?),
                 end: std::ops::Bound::Excluded(event_time_bound(limit.saturating_add(1))?),
             };
             let expired = time_store.scan(&range).map_err(state_error)?;
@@ -745,35 +822,35 @@ impl Inner {
             if expired.is_empty() {
                 continue;
             }
-            let mut by_key: HashMap<Vec<u8>, Vec<[u8; 12]>> = HashMap::new();
-            for (tk, _) in &expired {
-                let Some(rest) = tk.get(TIME_PREFIX..) else {
-                    return Err(corrupt(side.name));
-                };
-                let Some((key, suffix)) = rest.split_at_checked(rest.len().saturating_sub(12))
-                else {
-                    return Err(corrupt(side.name));
-                };
-                by_key
-                    .entry(key.to_vec())
-                    .or_default()
-                    .push(suffix.try_into().map_err(|_| corrupt(side.name))?);
+            let mut by_key: HashMap<&[u8], Vec<[u8; 12]>> = HashMap::new();
+            for (tk, rows) in &expired {
+                let batch = tk
+                    .get(TIME_PREFIX..)
+                    .and_then(|b| <[u8; 8]>::try_from(b).ok())
+                    .map(u64::from_be_bytes)
+                    .ok_or_else(|| corrupt(side.name))?;
+                for (key, row) in decode_index(rows).ok_or_else(|| corrupt(side.name))? {
+                    by_key.entry(key).or_default().push(suffix(batch, row));
+                    counts.rows -= 1;
+                    removed += 1;
+                }
             }
-            let keys: Vec<&[u8]> = by_key.keys().map(Vec::as_slice).collect();
+            let keys: Vec<&[u8]> = by_key.keys().copied().collect();
             lists.load(store.as_ref(), &keys, side.name)?;
             let mut unmatched: Vec<Vec<u8>> = vec![];
-            for (key, suffixes) in by_key {
-                let Some(list) = lists.lists.get_mut(&key) else {
+            for (key, mut suffixes) in by_key {
+                let Some(list) = lists.lists.get_mut(key) else {
                     continue;
                 };
+                suffixes.sort_unstable();
                 list.retain(|e| {
-                    let gone = suffixes.contains(&e.suffix);
+                    let gone = suffixes.binary_search(&e.suffix).is_ok();
                     if gone && !e.matched && side.outer {
                         unmatched.push(e.row.clone());
                     }
                     !gone
                 });
-                lists.dirty.insert(key);
+                lists.dirty.insert(key.to_vec());
             }
             if !unmatched.is_empty() {
                 let batch = decode(conv, unmatched.iter().map(Vec::as_slice).collect(), schema)?;
@@ -783,11 +860,13 @@ impl Inner {
             let n = expired.len() as i64;
             for (tk, _) in expired {
                 index.delete(tk);
-                removed += 1;
             }
             time_store
                 .apply(index.with_key_delta(-n))
                 .map_err(state_error)?;
+        }
+        for (time_store, counts) in [(&mut lt, &left_count), (&mut rt, &right_count)] {
+            time_store.apply(counts.write()).map_err(state_error)?;
         }
         ls.apply(left_lists.writes()).map_err(state_error)?;
         rs.apply(right_lists.writes()).map_err(state_error)?;
@@ -811,8 +890,8 @@ impl Inner {
             self.info.operator_id,
             StateOperatorProgress {
                 operator_name: self.info.operator_name.clone(),
-                // Rows in state: one index entry each.
-                num_rows_total: ltm.num_keys + rtm.num_keys,
+                // Rows in state, as the index stores count them.
+                num_rows_total: (left_count.rows + right_count.rows).max(0) as u64,
                 num_rows_updated: updated,
                 all_updates_time_ms: updates.as_millis() as u64,
                 num_rows_removed: removed,

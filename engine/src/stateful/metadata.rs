@@ -149,6 +149,17 @@ impl StateMetadata {
         }
         for (a, b) in was.iter().zip(now) {
             let op = format!("operator {} ({})", a.operator_id, a.operator_name);
+            if a.store_names != b.store_names {
+                return Err(Error::user(
+                    "STATE_STORE_LAYOUT_NOT_COMPATIBLE",
+                    "XXKST",
+                    format!(
+                        "The state of {op} was written in another layout, as the stores [{}];                          this weir keeps it as [{}] and cannot read the old one. Start the query                          with a new checkpoint location (its state starts empty), or keep                          running it with the weir release that wrote the checkpoint.",
+                        a.store_names.join(", "),
+                        b.store_names.join(", ")
+                    ),
+                ));
+            }
             if !same_types(&a.key_schema, &b.key_schema) {
                 return Err(Error::user(
                     "STATE_STORE_KEY_SCHEMA_NOT_COMPATIBLE",
@@ -294,6 +305,14 @@ mod tests {
             "STATEFUL_OPERATOR_DEFINITION_CHANGED"
         );
         assert!(base.check(&[meaning], true).is_ok());
+        // State an older weir laid out in other stores is refused even when it is allowed to
+        // change meaning: it cannot be read at all.
+        let mut relaid = same.clone();
+        relaid.store_names = vec!["default-v2".into()];
+        assert_eq!(
+            class(base.check(&[relaid], true)),
+            "STATE_STORE_LAYOUT_NOT_COMPATIBLE"
+        );
         // Names and nullability do not matter; nested types do.
         let mut renamed = same.clone();
         renamed.key_schema = Schema::new(vec![Field::new("other", DataType::Int64, false)]);

@@ -792,7 +792,9 @@ impl StateStore for RocksDbStateStore {
             (Some(a), Some(b)) => Some(a + b),
             _ => None,
         };
-        for (k, v) in batch.into_ops() {
+        let ops = batch.into_ops();
+        self.staged.reserve(ops.len());
+        for (k, v) in ops {
             self.staged.insert(k, v);
         }
         Ok(())
