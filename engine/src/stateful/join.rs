@@ -327,13 +327,20 @@ fn encode_list(entries: &[Entry]) -> Vec<u8> {
     v
 }
 
+/// A join key's stored rows as this batch read and changed them.
+#[derive(Default)]
+struct List {
+    entries: Vec<Entry>,
+    /// Whether the key had a list when read.
+    existed: bool,
+    /// Whether this batch changed it.
+    dirty: bool,
+}
+
 /// One side's stored lists that this batch read or changed, by join key.
 #[derive(Default)]
 struct Lists {
-    lists: HashMap<Vec<u8>, Vec<Entry>>,
-    dirty: HashSet<Vec<u8>>,
-    /// Keys that had a list when read.
-    existed: HashSet<Vec<u8>>,
+    lists: HashMap<Vec<u8>, List>,
 }
 
 impl Lists {
@@ -347,33 +354,36 @@ impl Lists {
             .into_iter()
             .collect();
         let values = store.multi_get(&missing).map_err(state_error)?;
+        self.lists.reserve(missing.len());
         for (k, v) in missing.into_iter().zip(values) {
-            let entries = match v {
-                Some(v) => {
-                    self.existed.insert(k.to_vec());
-                    decode_list(&v).ok_or_else(|| corrupt(name))?
-                }
-                None => vec![],
+            let list = match v {
+                Some(v) => List {
+                    entries: decode_list(&v).ok_or_else(|| corrupt(name))?,
+                    existed: true,
+                    dirty: false,
+                },
+                None => List::default(),
             };
-            self.lists.insert(k.to_vec(), entries);
+            self.lists.insert(k.to_vec(), list);
         }
         Ok(())
+    }
+
+    /// The stored rows of `key` (none when it has no list or was not read).
+    fn entries(&self, key: &[u8]) -> &[Entry] {
+        self.lists.get(key).map_or(&[], |l| &l.entries)
     }
 
     fn writes(&self) -> WriteBatch {
         let mut w = WriteBatch::new();
         let mut delta = 0i64;
-        for k in &self.dirty {
-            let existed = self.existed.contains(k);
-            match self.lists.get(k) {
-                Some(l) if !l.is_empty() => {
-                    delta += i64::from(!existed);
-                    w.put(k.clone(), encode_list(l));
-                }
-                _ => {
-                    delta -= i64::from(existed);
-                    w.delete(k.clone());
-                }
+        for (k, l) in self.lists.iter().filter(|(_, l)| l.dirty) {
+            if l.entries.is_empty() {
+                delta -= i64::from(l.existed);
+                w.delete(k.clone());
+            } else {
+                delta += i64::from(!l.existed);
+                w.put(k.clone(), encode_list(&l.entries));
             }
         }
         w.with_key_delta(delta)
@@ -391,7 +401,7 @@ struct StoredRefs<'a> {
 impl<'a> StoredRefs<'a> {
     /// The flat indices of `key`'s stored rows (added on first use).
     fn of(&mut self, lists: &Lists, key: &'a [u8]) -> std::ops::Range<usize> {
-        let n = lists.lists.get(key).map_or(0, Vec::len);
+        let n = lists.entries(key).len();
         let rows = &mut self.rows;
         let base = *self.first.entry(key).or_insert_with(|| {
             let b = rows.len();
@@ -610,7 +620,7 @@ impl Inner {
             &left_rows,
             old_left
                 .iter()
-                .map(|(k, p)| left_lists.lists[*k][*p].row.as_slice())
+                .map(|(k, p)| left_lists.entries(k)[*p].row.as_slice())
                 .collect(),
             &left_schema,
         )?;
@@ -618,7 +628,7 @@ impl Inner {
             &right_rows,
             old_right
                 .iter()
-                .map(|(k, p)| right_lists.lists[*k][*p].row.as_slice())
+                .map(|(k, p)| right_lists.entries(k)[*p].row.as_slice())
                 .collect(),
             &right_schema,
         )?;
@@ -673,10 +683,16 @@ impl Inner {
                 (_, j) => old_right_matched[j] = true,
             }
         }
-        let old_left: Vec<(Vec<u8>, usize)> =
-            old_left.into_iter().map(|(k, p)| (k.to_vec(), p)).collect();
+        // Only an outer side's flags are ever read: an inner side's lists are not rewritten
+        // for them.
+        let old_left: Vec<(Vec<u8>, usize)> = old_left
+            .into_iter()
+            .filter(|_| self.left.outer)
+            .map(|(k, p)| (k.to_vec(), p))
+            .collect();
         let old_right: Vec<(Vec<u8>, usize)> = old_right
             .into_iter()
+            .filter(|_| self.right.outer)
             .map(|(k, p)| (k.to_vec(), p))
             .collect();
         for (lists, old, matched) in [
@@ -684,12 +700,13 @@ impl Inner {
             (&mut right_lists, &old_right, &old_right_matched),
         ] {
             for ((k, p), m) in old.iter().zip(matched) {
-                if let Some(e) = lists.lists.get_mut(k).and_then(|l| l.get_mut(*p))
+                if let Some(list) = lists.lists.get_mut(k)
+                    && let Some(e) = list.entries.get_mut(*p)
                     && *m
                     && !e.matched
                 {
                     e.matched = true;
-                    lists.dirty.insert(k.clone());
+                    list.dirty = true;
                 }
             }
         }
@@ -738,17 +755,14 @@ impl Inner {
                     .filter(|t| t.is_valid(i))
                     .map_or(i64::MIN, |t| t.value(i));
                 push_index_row(by_time.entry(time).or_default(), k.data(), i as u32);
-                lists
-                    .lists
-                    .entry(k.data().to_vec())
-                    .or_default()
-                    .push(Entry {
-                        suffix: suffix(self.batch.batch, i as u32),
-                        matched: matched[i],
-                        time,
-                        row: encoded.row(i).as_ref().to_vec(),
-                    });
-                lists.dirty.insert(k.data().to_vec());
+                let list = lists.lists.entry_ref(k.data()).or_default();
+                list.entries.push(Entry {
+                    suffix: suffix(self.batch.batch, i as u32),
+                    matched: matched[i],
+                    time,
+                    row: encoded.row(i).as_ref().to_vec(),
+                });
+                list.dirty = true;
                 updated += 1;
                 counts.rows += 1;
             }
@@ -843,14 +857,14 @@ impl Inner {
                     continue;
                 };
                 suffixes.sort_unstable();
-                list.retain(|e| {
+                list.entries.retain(|e| {
                     let gone = suffixes.binary_search(&e.suffix).is_ok();
                     if gone && !e.matched && side.outer {
                         unmatched.push(e.row.clone());
                     }
                     !gone
                 });
-                lists.dirty.insert(key.to_vec());
+                list.dirty = true;
             }
             if !unmatched.is_empty() {
                 let batch = decode(conv, unmatched.iter().map(Vec::as_slice).collect(), schema)?;
