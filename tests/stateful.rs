@@ -525,6 +525,24 @@ fn events(secs: &[i64]) -> RecordBatch {
     .unwrap()
 }
 
+/// Rows of [`events_schema`] from `(milliseconds, key)` pairs.
+fn keyed_events(rows: &[(i64, i64)]) -> RecordBatch {
+    use weir::datafusion::arrow::array::TimestampMillisecondArray;
+    RecordBatch::try_new(
+        events_schema(),
+        vec![
+            Arc::new(
+                TimestampMillisecondArray::from(rows.iter().map(|r| r.0).collect::<Vec<_>>())
+                    .with_timezone("UTC"),
+            ),
+            Arc::new(Int64Array::from(
+                rows.iter().map(|r| r.1).collect::<Vec<_>>(),
+            )),
+        ],
+    )
+    .unwrap()
+}
+
 /// A 10-second tumbling window count with a 5-second watermark, through the Rust API.
 async fn windowed_counts(
     session: &WeirSession,
@@ -961,6 +979,104 @@ async fn a_stream_stream_join_matches_rows_across_batches_and_pads_unmatched_out
         );
         q.stop().await;
     }
+}
+
+#[tokio::test]
+async fn a_join_that_evicts_equals_the_batch_join_when_rows_share_keys_and_times() {
+    // Rows arrive in event-time order (batch b holds times in [3b+3, 3b+6) s), so none is late
+    // (an event time at the initial watermark, 0, would be) and a row leaves state only once no
+    // later row can meet it: the streaming join must equal the batch join. Many rows share a
+    // time (whole 100 ms) and a key (3 keys), so index entries hold several rows and an
+    // eviction takes only part of a key's list: the rest still meets the next batch.
+    use weir::DataFrameStreamExt;
+    let session = WeirSession::new();
+    let lefts = MemoryStream::new("lefts", events_schema());
+    let rights = MemoryStream::new("rights", events_schema());
+    session.register_memory_stream(&lefts);
+    session.register_memory_stream(&rights);
+    for (name, view) in [("lefts", "lw"), ("rights", "rw")] {
+        let df = session
+            .read_stream()
+            .table(name)
+            .unwrap()
+            .with_watermark("ts", "2 seconds")
+            .unwrap();
+        session
+            .context()
+            .register_table(view, df.into_view())
+            .unwrap();
+    }
+    let sql = "SELECT l.k AS k, l.ts AS lt, r.ts AS rt FROM lw l JOIN rw r \
+               ON l.k = r.k AND r.ts BETWEEN l.ts - INTERVAL 1 SECOND AND l.ts + INTERVAL 1 SECOND";
+    let df = session.context().sql(sql).await.unwrap();
+    let outputs: Outputs = Arc::default();
+    let sink = Arc::clone(&outputs);
+    let ck = tempfile::tempdir().unwrap();
+    let q = session
+        .write_stream(df)
+        .checkpoint_location(ck.path().to_str().unwrap())
+        .foreach_batch(move |id, batches| {
+            let sink = Arc::clone(&sink);
+            async move {
+                sink.lock().unwrap().insert(id, batches);
+                Ok(())
+            }
+        })
+        .start()
+        .await
+        .unwrap();
+    let mut seed = 11u64;
+    let mut next = || {
+        seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1);
+        (seed >> 33) as i64
+    };
+    let (mut all_l, mut all_r) = (vec![], vec![]);
+    for b in 0..8 {
+        let mut rows = |n: usize| -> Vec<(i64, i64)> {
+            (0..n)
+                .map(|_| ((3 * b + 3) * 1000 + next() % 30 * 100, next() % 3))
+                .collect()
+        };
+        let (l, r) = (rows(12), rows(9));
+        lefts.push(keyed_events(&l)).unwrap();
+        rights.push(keyed_events(&r)).unwrap();
+        all_l.extend(l);
+        all_r.extend(r);
+        q.process_all_available().await.unwrap();
+    }
+    let progress = q.recent_progress();
+    q.stop().await;
+    let removed: u64 = progress
+        .iter()
+        .flat_map(|p| p.state_operators.iter().map(|o| o.num_rows_removed))
+        .sum();
+    let total = progress.last().unwrap().state_operators[0].num_rows_total;
+    assert!(removed > 100, "rows left state: {removed}");
+    assert_eq!(
+        total + removed,
+        (all_l.len() + all_r.len()) as u64,
+        "every row is in state or was removed, once"
+    );
+
+    let ctx = weir::datafusion::prelude::SessionContext::new();
+    for (name, data) in [("lw", &all_l), ("rw", &all_r)] {
+        let mem = weir::datafusion::datasource::MemTable::try_new(
+            events_schema(),
+            vec![vec![keyed_events(data)]],
+        )
+        .unwrap();
+        ctx.register_table(name, Arc::new(mem)).unwrap();
+    }
+    let batch = ctx.sql(sql).await.unwrap().collect().await.unwrap();
+    let expected: Outputs = Arc::default();
+    expected.lock().unwrap().insert(0, batch);
+    let expected = join_rows(&expected);
+    assert!(
+        expected.len() > 150,
+        "a join worth checking: {}",
+        expected.len()
+    );
+    assert_eq!(join_rows(&outputs), expected);
 }
 
 #[tokio::test]
