@@ -93,14 +93,6 @@ struct Pending {
 }
 
 impl Pending {
-    /// The pending operation on `key`: `Some(None)` for a delete.
-    fn get(&self, key: &[u8]) -> Option<&Option<Vec<u8>>> {
-        let ops = self.batch.ops();
-        ops.binary_search_by(|(k, _)| k.as_slice().cmp(key))
-            .ok()
-            .map(|i| &ops[i].1)
-    }
-
     /// The pending operations on keys in `range`, in key order.
     fn range(&self, range: &KeyRange) -> &[(Vec<u8>, Option<Vec<u8>>)] {
         let ops = self.batch.ops();
@@ -674,6 +666,20 @@ struct RocksDbStateStore {
     uploads: Option<Uploads>,
 }
 
+/// The first position at or after `from` in `ops` (in key order) whose key is not below `key`:
+/// an exponential search, as the keys asked for come in order and the next is usually near.
+fn seek(ops: &[(Vec<u8>, Option<Vec<u8>>)], from: usize, key: &[u8]) -> usize {
+    let below = |i: usize| ops[i].0.as_slice() < key;
+    // Every position before `lo` is below `key`.
+    let (mut lo, mut step) = (from, 1);
+    while lo + step <= ops.len() && below(lo + step - 1) {
+        lo += step;
+        step *= 2;
+    }
+    let hi = (lo + step).min(ops.len());
+    lo + ops[lo..hi].partition_point(|(k, _)| k.as_slice() < key)
+}
+
 /// `upper` and `lower`, both in key order, merged in key order; on a key in both, `upper`'s.
 fn merge_sorted<'a>(
     upper: Vec<(&'a Vec<u8>, &'a Option<Vec<u8>>)>,
@@ -692,16 +698,6 @@ fn merge_sorted<'a>(
     out
 }
 
-impl RocksDbStateStore {
-    /// The write to `key` this store has over its local instance: staged in this batch, or of
-    /// its version still being applied in the background.
-    fn written(&self, key: &[u8]) -> Option<&Option<Vec<u8>>> {
-        self.staged
-            .get(key)
-            .or_else(|| self.overlay.as_ref().and_then(|p| p.get(key)))
-    }
-}
-
 impl StateStore for RocksDbStateStore {
     fn id(&self) -> &StoreId {
         &self.id
@@ -712,30 +708,37 @@ impl StateStore for RocksDbStateStore {
     }
 
     fn multi_get(&self, keys: &[&[u8]]) -> Result<Vec<Option<Vec<u8>>>> {
-        // RocksDB's batched MultiGet, on the keys in sorted order (it is fastest that way).
-        let mut order: Vec<usize> = (0..keys.len())
-            .filter(|&i| self.written(keys[i]).is_none())
-            .collect();
+        // In key order: the overlay (sorted) is then walked once rather than searched per key,
+        // and RocksDB's batched MultiGet is fastest on sorted keys.
+        let mut order: Vec<usize> = (0..keys.len()).collect();
         order.sort_unstable_by(|&a, &b| keys[a].cmp(keys[b]));
+        let overlay = self.overlay.as_ref().map_or(&[][..], |p| p.batch.ops());
+        let mut out: Vec<Option<Vec<u8>>> = vec![None; keys.len()];
+        let mut from_db = Vec::with_capacity(keys.len());
+        let mut next = 0;
+        for &i in &order {
+            let key = keys[i];
+            if let Some(written) = self.staged.get(key) {
+                out[i] = written.clone();
+                continue;
+            }
+            next = seek(overlay, next, key);
+            match overlay.get(next) {
+                Some((k, written)) if k.as_slice() == key => out[i] = written.clone(),
+                _ => from_db.push(i),
+            }
+        }
         let cf = self
             .db
             .cf_handle("default")
             .ok_or_else(|| backend(&self.id, "the default column family is missing"))?;
         let found = self
             .db
-            .batched_multi_get_cf(&cf, order.iter().map(|&i| keys[i]), true);
-        let mut from_db: Vec<Option<Vec<u8>>> = vec![None; keys.len()];
-        for (&i, v) in order.iter().zip(found) {
-            from_db[i] = v.map_err(|e| backend(&self.id, e))?.map(|v| v.to_vec());
+            .batched_multi_get_cf(&cf, from_db.iter().map(|&i| keys[i]), true);
+        for (&i, v) in from_db.iter().zip(found) {
+            out[i] = v.map_err(|e| backend(&self.id, e))?.map(|v| v.to_vec());
         }
-        Ok(keys
-            .iter()
-            .zip(from_db)
-            .map(|(k, v)| match self.written(k) {
-                Some(written) => written.clone(),
-                None => v,
-            })
-            .collect())
+        Ok(out)
     }
 
     fn scan(&self, range: &KeyRange) -> Result<Vec<(Vec<u8>, Vec<u8>)>> {
@@ -928,6 +931,25 @@ mod tests {
 
     fn provider(dir: &tempfile::TempDir, local: &str) -> RocksDbStateStoreProvider {
         RocksDbStateStoreProvider::new(dir.path().join("checkpoint"), dir.path().join(local))
+    }
+
+    #[test]
+    fn seek_finds_the_first_key_not_below_from_any_start() {
+        for n in 0..40u8 {
+            // Even keys 0, 2, ..: every odd key falls between two, every even one is present.
+            let ops: Vec<(Vec<u8>, Option<Vec<u8>>)> =
+                (0..n).map(|i| (vec![2 * i], None)).collect();
+            for key in 0..2 * n + 2 {
+                let want = ops.partition_point(|(k, _)| k[0] < key);
+                for from in 0..=want {
+                    assert_eq!(
+                        seek(&ops, from, &[key]),
+                        want,
+                        "n {n} key {key} from {from}"
+                    );
+                }
+            }
+        }
     }
 
     #[test]
