@@ -102,16 +102,18 @@ impl Pending {
     }
 }
 
-/// A version being applied and made durable in the background.
+/// Work on a version in the background: with async checkpointing, applying it and making it
+/// durable (`pending` holds its writes until then); otherwise only copying its snapshot into the
+/// checkpoint (`pending` is `None`: the version is already durable and in the local instance).
 #[derive(Debug)]
 struct Upload {
     version: u64,
-    pending: Arc<Pending>,
+    pending: Option<Arc<Pending>>,
     handle: std::thread::JoinHandle<Result<Option<snapshot::Uploaded>>>,
 }
 
-/// What async checkpointing runs in the background: at most one upload per store, and the purges
-/// asked for while one was in flight (run after it, as it adds files no manifest lists yet).
+/// What runs in the background: at most one upload per store, and the purges asked for while
+/// one was in flight (run after it, as it adds files no manifest lists yet).
 #[derive(Debug, Default)]
 struct Background {
     uploads: HashMap<StoreId, Upload>,
@@ -120,8 +122,9 @@ struct Background {
 
 type Uploads = Arc<Mutex<Background>>;
 
-/// Waits for `id`'s upload in flight, if any; its error is the store's.
-fn finish_upload(uploads: &Uploads, id: &StoreId) -> Result<()> {
+/// Waits for `id`'s upload in flight, if any, and returns the snapshot it copied; its error is
+/// the store's.
+fn finish_upload(uploads: &Uploads, id: &StoreId) -> Result<Option<snapshot::Uploaded>> {
     let pending = uploads
         .lock()
         .map_err(|_| backend(id, "lock poisoned"))?
@@ -131,9 +134,8 @@ fn finish_upload(uploads: &Uploads, id: &StoreId) -> Result<()> {
         Some(u) => u
             .handle
             .join()
-            .map_err(|_| backend(id, "the background upload panicked"))?
-            .map(|_| ()),
-        None => Ok(()),
+            .map_err(|_| backend(id, "the background upload panicked"))?,
+        None => Ok(None),
     }
 }
 
@@ -547,7 +549,7 @@ impl StateStoreProvider for RocksDbStateStoreProvider {
             })?
             .uploads
             .iter()
-            .filter(|(_, u)| u.version <= version)
+            .filter(|(_, u)| u.pending.is_some() && u.version <= version)
             .map(|(id, _)| id.clone())
             .collect();
         for id in ids {
@@ -565,9 +567,9 @@ impl StateStoreProvider for RocksDbStateStoreProvider {
             .map_err(|_| backend(id, "lock poisoned"))?
             .uploads
             .get(id)
-            .map(|u| (u.version, Arc::clone(&u.pending)));
+            .map(|u| (u.version, u.pending.clone()));
         let overlay = match in_flight {
-            Some((v, pending)) if v == version => Some(pending),
+            Some((v, pending)) if v == version => pending,
             Some(_) => {
                 // Another version: it must be applied (and in the checkpoint, which a rebuild
                 // reads) before the local instance tells where it is.
@@ -615,11 +617,8 @@ impl StateStoreProvider for RocksDbStateStoreProvider {
             uploaded: None,
             key_delta: Some(0),
             overlay,
-            uploads: self
-                .shared
-                .config
-                .async_checkpoint
-                .then(|| Arc::clone(&self.uploads)),
+            background: Arc::clone(&self.uploads),
+            asynchronous: self.shared.config.async_checkpoint,
         }))
     }
 
@@ -662,8 +661,10 @@ struct RocksDbStateStore {
     /// With async checkpointing, the writes of this store's version that the background may
     /// not have applied to the local instance yet; read before it.
     overlay: Option<Arc<Pending>>,
-    /// With async checkpointing, where the provider tracks this store's upload in flight.
-    uploads: Option<Uploads>,
+    /// Where the provider tracks this store's upload in flight.
+    background: Uploads,
+    /// Whether commits leave the version's writes to the background (async checkpointing).
+    asynchronous: bool,
 }
 
 /// The first position at or after `from` in `ops` (in key order) whose key is not below `key`:
@@ -823,21 +824,23 @@ impl StateStore for RocksDbStateStore {
         }
         let snapshot_due =
             self.snapshot_interval > 0 && next.is_multiple_of(self.snapshot_interval);
-        if let Some(uploads) = self.uploads.clone() {
-            // Asynchronous: at most one upload in flight per store, so wait for the last one
-            // (its failure is this commit's; the instance is then at this store's version),
-            // run the purges asked for meanwhile, and leave writing the version to the local
-            // instance, its changelog and any snapshot to the background. Readers of the new
-            // version read its writes from the overlay until then.
-            finish_upload(&uploads, &self.id)?;
-            let purge = uploads
-                .lock()
-                .map_err(|_| backend(&self.id, "lock poisoned"))?
-                .purges
-                .remove(&self.id);
-            if let Some(below) = purge {
-                snapshot::purge(&self.changelog_dir, below).map_err(|e| backend(&self.id, e))?;
-            }
+        // At most one upload in flight per store: wait for the last one (its failure is this
+        // commit's; with async checkpointing the instance is then at this store's version) and
+        // report the snapshot it copied, then run the purges asked for meanwhile.
+        let uploads = Arc::clone(&self.background);
+        self.uploaded = finish_upload(&uploads, &self.id)?;
+        let purge = uploads
+            .lock()
+            .map_err(|_| backend(&self.id, "lock poisoned"))?
+            .purges
+            .remove(&self.id);
+        if let Some(below) = purge {
+            snapshot::purge(&self.changelog_dir, below).map_err(|e| backend(&self.id, e))?;
+        }
+        let upload = if self.asynchronous {
+            // Leave writing the version to the local instance, its changelog and any snapshot
+            // to the background. Readers of the new version read its writes from the overlay
+            // until then.
             let num_keys = count_keys(&self.db, &self.id, &batch)?;
             let pending = Arc::new(Pending { batch, num_keys });
             let handle = {
@@ -861,42 +864,51 @@ impl StateStore for RocksDbStateStore {
                     Ok(None)
                 })
             };
+            self.overlay = Some(Arc::clone(&pending));
+            Some(Upload {
+                version: next,
+                pending: Some(pending),
+                handle,
+            })
+        } else {
+            // The changelog first: once it is in the checkpoint, the version can be rebuilt.
+            write_changelog(
+                &self.id,
+                &self.changelog_dir,
+                next,
+                &encode_changelog(&batch),
+            )?;
+            write(&self.db, &self.id, &batch, next)?;
+            // The memtable bound is soft while writing; enforce it at each commit so memory
+            // stays bounded however far background flushes lag.
+            if self.memtables.get_usage() > self.memtable_bytes {
+                self.db.flush().map_err(|e| backend(&self.id, e))?;
+            }
+            // The version is durable through its changelog; a snapshot only shortens a
+            // rebuild. It is fixed here, before the instance changes again (a RocksDB
+            // checkpoint of hard links), and its files are copied into the checkpoint in the
+            // background while the next batch runs.
+            if snapshot_due {
+                let staged = snapshot::stage(&self.db, &self.id, &self.db_path, next)?;
+                let (id, dir) = (self.id.clone(), self.changelog_dir.clone());
+                Some(Upload {
+                    version: next,
+                    pending: None,
+                    handle: std::thread::spawn(move || {
+                        snapshot::upload(staged, &id, &dir).map(Some)
+                    }),
+                })
+            } else {
+                None
+            }
+        };
+        if let Some(upload) = upload {
             uploads
                 .lock()
                 .map_err(|_| backend(&self.id, "lock poisoned"))?
                 .uploads
-                .insert(
-                    self.id.clone(),
-                    Upload {
-                        version: next,
-                        pending: Arc::clone(&pending),
-                        handle,
-                    },
-                );
-            self.overlay = Some(pending);
-            self.uploaded = None;
-            self.version = next;
-            return Ok(next);
+                .insert(self.id.clone(), upload);
         }
-        // The changelog first: once it is in the checkpoint, the version can be rebuilt.
-        write_changelog(
-            &self.id,
-            &self.changelog_dir,
-            next,
-            &encode_changelog(&batch),
-        )?;
-        write(&self.db, &self.id, &batch, next)?;
-        // The memtable bound is soft while writing; enforce it at each commit so memory stays
-        // bounded however far background flushes lag.
-        if self.memtables.get_usage() > self.memtable_bytes {
-            self.db.flush().map_err(|e| backend(&self.id, e))?;
-        }
-        self.uploaded = if snapshot_due {
-            let staged = snapshot::stage(&self.db, &self.id, &self.db_path, next)?;
-            Some(snapshot::upload(staged, &self.id, &self.changelog_dir)?)
-        } else {
-            None
-        };
         self.version = next;
         Ok(next)
     }
@@ -1174,6 +1186,54 @@ mod tests {
         let err = s.commit().unwrap_err();
         assert_eq!(err.error_class(), "STATE_STORE_IO_ERROR", "{err}");
         assert_eq!(local_version(&p.db(&id).unwrap(), &id).unwrap(), 1);
+    }
+
+    #[test]
+    fn a_snapshot_is_copied_while_the_next_batch_runs_and_a_failed_copy_fails_the_next_commit() {
+        let dir = tempfile::tempdir().unwrap();
+        let id = StoreId::new(0, 0, "default");
+        let p = RocksDbStateStoreProvider::with_config(
+            dir.path().join("checkpoint"),
+            dir.path().join("local"),
+            RocksDbConfig {
+                snapshot_interval: 1,
+                ..RocksDbConfig::default()
+            },
+        );
+        let put = |s: &mut Box<dyn StateStore>, k: &[u8]| {
+            let mut b = WriteBatch::new();
+            b.put(k.to_vec(), b"v".to_vec());
+            s.apply(b).unwrap();
+        };
+        let copied = |s: &dyn StateStore| s.metrics().custom["rocksdbFilesCopied"];
+        // Version 1's snapshot is copied in the background; the next commit waits for it and
+        // reports it.
+        let mut s = p.open(&id, 0).unwrap();
+        put(&mut s, b"a");
+        s.commit().unwrap();
+        assert_eq!(
+            copied(s.as_ref()),
+            0,
+            "not reported by the commit that started it"
+        );
+        let mut s = p.open(&id, 1).unwrap();
+        put(&mut s, b"b");
+        s.commit().unwrap();
+        assert!(copied(s.as_ref()) > 0);
+        let store_dir = dir.path().join("checkpoint/0/0/default");
+        assert!(store_dir.join("1.snapshot").is_file());
+        // Version 3's manifest cannot be written (a folder is in its place): its commit still
+        // succeeds, as the version is durable through its changelog; the next one fails.
+        std::fs::create_dir_all(store_dir.join("3.snapshot/blocked")).unwrap();
+        let mut s = p.open(&id, 2).unwrap();
+        put(&mut s, b"c");
+        s.commit().unwrap();
+        let mut s = p.open(&id, 3).unwrap();
+        assert!(store_dir.join("3.changelog").is_file());
+        assert_eq!(s.multi_get(&[b"c"]).unwrap(), vec![Some(b"v".to_vec())]);
+        put(&mut s, b"d");
+        let err = s.commit().unwrap_err();
+        assert_eq!(err.error_class(), "STATE_STORE_IO_ERROR", "{err}");
     }
 
     #[test]
