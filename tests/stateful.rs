@@ -897,10 +897,19 @@ fn join_rows(outputs: &Outputs) -> Vec<(i64, i64, i64)> {
     out
 }
 
-#[tokio::test]
-async fn a_stream_stream_join_matches_rows_across_batches_and_pads_unmatched_outer_rows() {
-    use weir::DataFrameStreamExt;
-    for join in ["JOIN", "LEFT JOIN", "RIGHT JOIN", "FULL JOIN"] {
+/// A query over two memory streams of [`events_schema`] rows, `lefts` and `rights`, seen as the
+/// views `lw` and `rw` with a 2-second watermark on `ts`, each batch's output kept by batch ID.
+struct WatermarkedJoin {
+    lefts: MemoryStream,
+    rights: MemoryStream,
+    outputs: Outputs,
+    query: StreamingQuery,
+    checkpoint: tempfile::TempDir,
+}
+
+impl WatermarkedJoin {
+    async fn start(sql: &str) -> weir::Result<Self> {
+        use weir::DataFrameStreamExt;
         let session = WeirSession::new();
         let lefts = MemoryStream::new("lefts", events_schema());
         let rights = MemoryStream::new("rights", events_schema());
@@ -909,26 +918,20 @@ async fn a_stream_stream_join_matches_rows_across_batches_and_pads_unmatched_out
         for (name, view) in [("lefts", "lw"), ("rights", "rw")] {
             let df = session
                 .read_stream()
-                .table(name)
-                .unwrap()
-                .with_watermark("ts", "2 seconds")
-                .unwrap();
+                .table(name)?
+                .with_watermark("ts", "2 seconds")?;
             session
                 .context()
                 .register_table(view, df.into_view())
                 .unwrap();
         }
-        let sql = format!(
-            "SELECT coalesce(l.k, r.k) AS k, l.ts AS lt, r.ts AS rt FROM lw l {join} rw r \
-             ON l.k = r.k AND r.ts BETWEEN l.ts - INTERVAL 1 SECOND AND l.ts + INTERVAL 1 SECOND"
-        );
-        let df = session.context().sql(&sql).await.unwrap();
+        let df = session.context().sql(sql).await.unwrap();
         let outputs: Outputs = Arc::default();
         let sink = Arc::clone(&outputs);
-        let ck = tempfile::tempdir().unwrap();
-        let q = session
+        let checkpoint = tempfile::tempdir().unwrap();
+        let query = session
             .write_stream(df)
-            .checkpoint_location(ck.path().to_str().unwrap())
+            .checkpoint_location(checkpoint.path().to_str().unwrap())
             .foreach_batch(move |id, batches| {
                 let sink = Arc::clone(&sink);
                 async move {
@@ -937,6 +940,31 @@ async fn a_stream_stream_join_matches_rows_across_batches_and_pads_unmatched_out
                 }
             })
             .start()
+            .await?;
+        Ok(Self {
+            lefts,
+            rights,
+            outputs,
+            query,
+            checkpoint,
+        })
+    }
+}
+
+#[tokio::test]
+async fn a_stream_stream_join_matches_rows_across_batches_and_pads_unmatched_outer_rows() {
+    for join in ["JOIN", "LEFT JOIN", "RIGHT JOIN", "FULL JOIN"] {
+        let sql = format!(
+            "SELECT coalesce(l.k, r.k) AS k, l.ts AS lt, r.ts AS rt FROM lw l {join} rw r \
+             ON l.k = r.k AND r.ts BETWEEN l.ts - INTERVAL 1 SECOND AND l.ts + INTERVAL 1 SECOND"
+        );
+        let WatermarkedJoin {
+            lefts,
+            rights,
+            outputs,
+            query: q,
+            checkpoint: _ck,
+        } = WatermarkedJoin::start(&sql)
             .await
             .unwrap_or_else(|e| panic!("{join}: {e}"));
         // k = seconds % 2. 10 s meets 10 s; 11 s and 13 s are too far apart.
@@ -988,43 +1016,15 @@ async fn a_join_that_evicts_equals_the_batch_join_when_rows_share_keys_and_times
     // later row can meet it: the streaming join must equal the batch join. Many rows share a
     // time (whole 100 ms) and a key (3 keys), so index entries hold several rows and an
     // eviction takes only part of a key's list: the rest still meets the next batch.
-    use weir::DataFrameStreamExt;
-    let session = WeirSession::new();
-    let lefts = MemoryStream::new("lefts", events_schema());
-    let rights = MemoryStream::new("rights", events_schema());
-    session.register_memory_stream(&lefts);
-    session.register_memory_stream(&rights);
-    for (name, view) in [("lefts", "lw"), ("rights", "rw")] {
-        let df = session
-            .read_stream()
-            .table(name)
-            .unwrap()
-            .with_watermark("ts", "2 seconds")
-            .unwrap();
-        session
-            .context()
-            .register_table(view, df.into_view())
-            .unwrap();
-    }
     let sql = "SELECT l.k AS k, l.ts AS lt, r.ts AS rt FROM lw l JOIN rw r \
                ON l.k = r.k AND r.ts BETWEEN l.ts - INTERVAL 1 SECOND AND l.ts + INTERVAL 1 SECOND";
-    let df = session.context().sql(sql).await.unwrap();
-    let outputs: Outputs = Arc::default();
-    let sink = Arc::clone(&outputs);
-    let ck = tempfile::tempdir().unwrap();
-    let q = session
-        .write_stream(df)
-        .checkpoint_location(ck.path().to_str().unwrap())
-        .foreach_batch(move |id, batches| {
-            let sink = Arc::clone(&sink);
-            async move {
-                sink.lock().unwrap().insert(id, batches);
-                Ok(())
-            }
-        })
-        .start()
-        .await
-        .unwrap();
+    let WatermarkedJoin {
+        lefts,
+        rights,
+        outputs,
+        query: q,
+        checkpoint: _ck,
+    } = WatermarkedJoin::start(sql).await.unwrap();
     let mut seed = 11u64;
     let mut next = || {
         seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1);

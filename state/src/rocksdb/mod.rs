@@ -1074,16 +1074,26 @@ mod tests {
         assert_eq!(s.metrics().num_keys, all.len() as u64, "version {v}");
     }
 
-    fn asynchronous(dir: &tempfile::TempDir, local: &str) -> RocksDbStateStoreProvider {
+    /// A provider snapshotting every `snapshot_interval` versions, asynchronous or not.
+    fn configured(
+        dir: &tempfile::TempDir,
+        local: &str,
+        snapshot_interval: u64,
+        async_checkpoint: bool,
+    ) -> RocksDbStateStoreProvider {
         RocksDbStateStoreProvider::with_config(
             dir.path().join("checkpoint"),
             dir.path().join(local),
             RocksDbConfig {
-                snapshot_interval: 5,
-                async_checkpoint: true,
+                snapshot_interval,
+                async_checkpoint,
                 ..RocksDbConfig::default()
             },
         )
+    }
+
+    fn asynchronous(dir: &tempfile::TempDir, local: &str) -> RocksDbStateStoreProvider {
+        configured(dir, local, 5, true)
     }
 
     #[test]
@@ -1192,14 +1202,7 @@ mod tests {
     fn a_snapshot_is_copied_while_the_next_batch_runs_and_a_failed_copy_fails_the_next_commit() {
         let dir = tempfile::tempdir().unwrap();
         let id = StoreId::new(0, 0, "default");
-        let p = RocksDbStateStoreProvider::with_config(
-            dir.path().join("checkpoint"),
-            dir.path().join("local"),
-            RocksDbConfig {
-                snapshot_interval: 1,
-                ..RocksDbConfig::default()
-            },
-        );
+        let p = configured(&dir, "local", 1, false);
         let put = |s: &mut Box<dyn StateStore>, k: &[u8]| {
             let mut b = WriteBatch::new();
             b.put(k.to_vec(), b"v".to_vec());
@@ -1240,15 +1243,7 @@ mod tests {
     fn a_purge_asked_for_during_an_upload_runs_after_it() {
         let dir = tempfile::tempdir().unwrap();
         let id = StoreId::new(0, 0, "default");
-        let p = RocksDbStateStoreProvider::with_config(
-            dir.path().join("checkpoint"),
-            dir.path().join("local"),
-            RocksDbConfig {
-                snapshot_interval: 2,
-                async_checkpoint: true,
-                ..RocksDbConfig::default()
-            },
-        );
+        let p = configured(&dir, "local", 2, true);
         write_versions(&p, &id, 5);
         // Version 5 may still be uploading: the purge waits for the store's next commit.
         p.purge_below(&id, 4).unwrap();
