@@ -1,8 +1,11 @@
 //! Storage locations for checkpoints and file sinks: a directory on an `object_store`, with the
 //! few operations weir's logs need (create-only put, put, get, list, delete).
 //!
-//! Local paths (and `file://` URLs) use the local filesystem; other schemes are refused until
-//! their backend is wired in.
+//! Local paths (and `file://` URLs) use the local filesystem; `s3://bucket/prefix` uses S3 (or
+//! an S3-compatible server), configured from the usual `AWS_*` environment variables
+//! (`AWS_ENDPOINT_URL`, `AWS_REGION`, `AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY`,
+//! `AWS_ALLOW_HTTP`, ...), with create-only writes made by S3 conditional puts (`If-None-Match`),
+//! so the write-ahead log's fence holds there too. Other schemes are refused.
 
 use std::path::{Path as FsPath, PathBuf};
 use std::sync::Arc;
@@ -34,9 +37,21 @@ pub enum Created {
 }
 
 impl Location {
-    /// Resolves `location`: a local path (relative paths are taken from the current directory)
-    /// or a `file://` URL. The directory is created if it does not exist.
+    /// Resolves `location`: a local path (relative paths are taken from the current directory),
+    /// a `file://` URL, or an `s3://bucket/prefix` URL. A local directory is created if it does
+    /// not exist.
     pub fn parse(location: &str) -> Result<Self, ClassifiedError> {
+        Self::parse_with(location, std::iter::empty::<(&str, &str)>())
+    }
+
+    /// Like [`Location::parse`], with client options for object stores, which take precedence
+    /// over the environment: for S3, object_store's `AmazonS3ConfigKey` names
+    /// (`aws_endpoint_url`, `aws_region`, `aws_access_key_id`, `aws_secret_access_key`,
+    /// `aws_allow_http`, ...). An unknown option is an error naming it.
+    pub fn parse_with<K: AsRef<str>, V: Into<String>>(
+        location: &str,
+        options: impl IntoIterator<Item = (K, V)>,
+    ) -> Result<Self, ClassifiedError> {
         let trimmed = location.trim();
         if trimmed.is_empty() {
             return Err(ClassifiedError::new(
@@ -47,19 +62,75 @@ impl Location {
         }
         let path = if let Some(rest) = trimmed.strip_prefix("file://") {
             PathBuf::from(rest)
+        } else if let Some(rest) = trimmed.strip_prefix("s3://") {
+            return Self::s3(trimmed, rest, options);
         } else if let Some((scheme, _)) = trimmed.split_once("://") {
             return Err(ClassifiedError::new(
                 "UNSUPPORTED_STORAGE_SCHEME",
                 "0A000",
                 format!(
-                    "The storage scheme '{scheme}://' of '{trimmed}' is not supported yet; \
-                     use a local path or a file:// URL."
+                    "The storage scheme '{scheme}://' of '{trimmed}' is not supported; use a \
+                     local path, a file:// URL or an s3:// URL."
                 ),
             ));
         } else {
             PathBuf::from(trimmed)
         };
         Self::local(&path)
+    }
+
+    /// `s3://<rest>`: a bucket and a prefix in it, the client configured from the environment.
+    fn s3<K: AsRef<str>, V: Into<String>>(
+        url: &str,
+        rest: &str,
+        options: impl IntoIterator<Item = (K, V)>,
+    ) -> Result<Self, ClassifiedError> {
+        let (bucket, prefix) = rest.split_once('/').unwrap_or((rest, ""));
+        if bucket.is_empty() {
+            return Err(ClassifiedError::new(
+                "INVALID_STORAGE_LOCATION",
+                "42K05",
+                format!("'{url}' names no bucket; write s3://<bucket>/<path>."),
+            ));
+        }
+        let mut builder = object_store::aws::AmazonS3Builder::from_env();
+        for (key, value) in options {
+            let key = key.as_ref();
+            let parsed = key.to_ascii_lowercase().parse().map_err(|_| {
+                ClassifiedError::new(
+                    "INVALID_STORAGE_OPTION",
+                    "42K06",
+                    format!(
+                        "'{key}' is not an S3 client option. Use object_store's names, e.g. \
+                         aws_endpoint_url, aws_region, aws_access_key_id, \
+                         aws_secret_access_key, aws_allow_http."
+                    ),
+                )
+            })?;
+            builder = builder.with_config(parsed, value);
+        }
+        let store = builder
+            .with_bucket_name(bucket)
+            // Create-only puts as S3 conditional writes (`If-None-Match: *`).
+            .with_conditional_put(object_store::aws::S3ConditionalPut::ETagMatch)
+            .build()
+            .map_err(|e| {
+                ClassifiedError::new(
+                    "CANNOT_ACCESS_PATH",
+                    "58030",
+                    format!(
+                        "Cannot set up the S3 client for '{url}': {e}. Check the AWS_* \
+                         environment variables (AWS_ENDPOINT_URL, AWS_REGION, credentials)."
+                    ),
+                )
+            })?;
+        let prefix = Path::from_iter(prefix.split('/').filter(|p| !p.is_empty()));
+        Ok(Self {
+            store: Arc::new(store),
+            prefix,
+            local_dir: None,
+            display: url.trim_end_matches('/').to_string(),
+        })
     }
 
     /// A directory on the local filesystem, created if missing.

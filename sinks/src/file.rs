@@ -107,8 +107,23 @@ impl FileSink {
             kept.insert("header".to_string(), header.to_string());
             kept.insert("delimiter".to_string(), (delimiter as char).to_string());
         }
+        let location = Location::parse(path)?;
+        if location.local_dir().is_none() {
+            // Checkpoints may live in an object store; the file sink's part files and manifest
+            // are written and read back through local paths still.
+            return Err(weir_common::ClassifiedError::new(
+                "UNSUPPORTED_STORAGE_SCHEME",
+                "0A000",
+                format!(
+                    "The file sink cannot write to '{}' yet: its path must be local. \
+                     Checkpoints can already be on s3://.",
+                    location.display()
+                ),
+            )
+            .into());
+        }
         Ok(Self {
-            location: Location::parse(path)?,
+            location,
             format,
             options: kept,
             compression,

@@ -1,0 +1,210 @@
+//! Checkpoints on S3, against a real S3 server started on loopback: SeaweedFS (`weed mini`),
+//! which `scripts/test-servers` installs (and `scripts/test` runs) and names in `WEIR_WEED`.
+//! Without it the tests fail, unless `WEIR_SKIP_SERVER_TESTS=1` asks to skip them, loudly.
+
+#![expect(
+    clippy::unwrap_used,
+    reason = "a test fails loudly on any unexpected error"
+)]
+
+use std::net::{TcpListener, TcpStream};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use weir_common::Location;
+use weir_common::location::Created;
+
+/// A SeaweedFS server with an S3 endpoint and a bucket `weir`, stopped when dropped.
+struct S3Server {
+    child: Child,
+    endpoint: String,
+    _dir: tempfile::TempDir,
+}
+
+/// A free loopback port whose gRPC companion (SeaweedFS uses port + 10000) is free too.
+fn free_port() -> u16 {
+    loop {
+        let port = TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        if port < 55000 && TcpListener::bind(("127.0.0.1", port + 10000)).is_ok() {
+            return port;
+        }
+    }
+}
+
+impl S3Server {
+    /// The server, or `None` when the caller asked to skip server tests.
+    fn start() -> Option<Self> {
+        let weed = match std::env::var("WEIR_WEED") {
+            Ok(w) => w,
+            Err(_) if std::env::var("WEIR_SKIP_SERVER_TESTS").is_ok_and(|v| v == "1") => {
+                eprintln!(
+                    "\n!!! SKIPPED: the S3 checkpoint tests (WEIR_SKIP_SERVER_TESTS=1) !!!\n"
+                );
+                return None;
+            }
+            Err(_) => panic!(
+                "WEIR_WEED is not set. Run the tests with scripts/test, which installs \
+                 SeaweedFS (scripts/test-servers), or set WEIR_SKIP_SERVER_TESTS=1 to skip them"
+            ),
+        };
+        let dir = tempfile::tempdir().unwrap();
+        // One identity, whose keys `options` signs with.
+        let config = dir.path().join("s3.json");
+        std::fs::write(
+            &config,
+            r#"{"identities":[{"name":"weir","credentials":[{"accessKey":"weir","secretKey":"weir-secret"}],"actions":["Admin","Read","Write","List","Tagging"]}]}"#,
+        )
+        .unwrap();
+        let data = dir.path().join("data");
+        std::fs::create_dir(&data).unwrap();
+        let [master, volume, filer, s3] = [(); 4].map(|()| free_port());
+        let child = Command::new(&weed)
+            .arg("mini")
+            .arg(format!("-dir={}", data.display()))
+            .arg(format!("-s3.config={}", config.display()))
+            .arg("-master.telemetry=false")
+            .args(["-ip=127.0.0.1", "-ip.bind=127.0.0.1", "-bucket=weir"])
+            .args(["-webdav=false", "-admin.ui=false"])
+            .arg(format!("-master.port={master}"))
+            .arg(format!("-volume.port={volume}"))
+            .arg(format!("-filer.port={filer}"))
+            .arg(format!("-s3.port={s3}"))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot start {weed}: {e}"));
+        let server = Self {
+            child,
+            endpoint: format!("http://127.0.0.1:{s3}"),
+            _dir: dir,
+        };
+        let started = Instant::now();
+        while TcpStream::connect(("127.0.0.1", s3)).is_err() {
+            assert!(
+                started.elapsed() < Duration::from_secs(30),
+                "SeaweedFS's S3 endpoint did not come up"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        Some(server)
+    }
+
+    /// The client options that point object_store at this server.
+    fn options(&self) -> Vec<(&'static str, String)> {
+        vec![
+            ("aws_endpoint_url", self.endpoint.clone()),
+            ("aws_allow_http", "true".into()),
+            ("aws_region", "us-east-1".into()),
+            ("aws_access_key_id", "weir".into()),
+            ("aws_secret_access_key", "weir-secret".into()),
+        ]
+    }
+
+    /// `location` on this server, retried while the bucket is still being created.
+    async fn location(&self, url: &str) -> Location {
+        let location = Location::parse_with(url, self.options()).unwrap();
+        let started = Instant::now();
+        while location.get("probe").await.is_err() {
+            assert!(
+                started.elapsed() < Duration::from_secs(30),
+                "the bucket did not become readable"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        location
+    }
+}
+
+impl Drop for S3Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+#[tokio::test]
+async fn on_s3_a_log_entry_is_written_once_and_a_query_resumes_from_its_checkpoint() {
+    let Some(server) = S3Server::start() else {
+        return;
+    };
+
+    // The fence of every weir log: of two writers of one entry, exactly one wins.
+    let a = server.location("s3://weir/fence").await;
+    let b = server.location("s3://weir/fence/").await;
+    assert_eq!(
+        a.put_if_absent("offsets/0", Bytes::from("first"))
+            .await
+            .unwrap(),
+        Created::Yes
+    );
+    assert_eq!(
+        b.put_if_absent("offsets/0", Bytes::from("second"))
+            .await
+            .unwrap(),
+        Created::AlreadyExisted
+    );
+    assert_eq!(
+        b.get("offsets/0").await.unwrap().unwrap(),
+        Bytes::from("first")
+    );
+
+    // A query checkpointed on S3 runs three batches, then a restart runs two more from where
+    // it stopped.
+    let run = |batches: &str| {
+        let mut c = Command::new(env!("CARGO_BIN_EXE_weir"));
+        c.args([
+            "run",
+            "-e",
+            "SELECT value FROM STREAM rate_micro_batch(rowsPerBatch => 10)",
+            "--checkpoint",
+            "s3://weir/queries/q1",
+            "--max-batches",
+            batches,
+        ]);
+        for (k, v) in server.options() {
+            c.env(k.to_ascii_uppercase(), v);
+        }
+        let out = c.output().unwrap();
+        assert!(
+            out.status.success(),
+            "weir run failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    run("3");
+    let ck = server.location("s3://weir/queries/q1").await;
+    let first = ck.get("offsets/2").await.unwrap().expect("offsets/2");
+    assert!(ck.get("commits/2").await.unwrap().is_some());
+    assert!(ck.get("offsets/3").await.unwrap().is_none());
+    run("2");
+    for n in 3..5 {
+        assert!(
+            ck.get(&format!("commits/{n}")).await.unwrap().is_some(),
+            "commits/{n}"
+        );
+    }
+    assert_eq!(
+        ck.get("offsets/2").await.unwrap().unwrap(),
+        first,
+        "the restart left the first run's log alone"
+    );
+    let next: serde_json::Value = serde_json::from_slice(
+        ck.get("offsets/3")
+            .await
+            .unwrap()
+            .unwrap()
+            .split(|&b| b == b'\n')
+            .next_back()
+            .unwrap(),
+    )
+    .unwrap();
+    assert_eq!(
+        next["start"]["offset"], 30,
+        "batch 3 starts after the 30 rows of batches 0-2"
+    );
+}
