@@ -82,6 +82,9 @@ pub struct StateFigures {
     pub all_removals_time_ms: f64,
     /// numRowsTotal after the last measured batch.
     pub num_rows_total: u64,
+    /// RocksDB snapshot files copied into the checkpoint during the measured batches
+    /// (`rocksdbFilesCopied`, summed): 0 when no snapshot was due.
+    pub snapshot_files_copied: i64,
 }
 
 fn workload_sql(cfg: &BenchConfig) -> Result<String> {
@@ -240,6 +243,11 @@ pub async fn run_bench(cfg: &BenchConfig) -> Result<BenchReport> {
             all_updates_time_ms: stats(state_sum(|o| o.all_updates_time_ms)).median,
             all_removals_time_ms: stats(state_sum(|o| o.all_removals_time_ms)).median,
             num_rows_total: last.state_operators.iter().map(|o| o.num_rows_total).sum(),
+            snapshot_files_copied: measured
+                .iter()
+                .flat_map(|p| &p.state_operators)
+                .filter_map(|o| o.custom_metrics.get("rocksdbFilesCopied"))
+                .sum(),
         });
     Ok(BenchReport {
         workload: cfg.workload.clone(),

@@ -385,4 +385,31 @@ fn every_stateful_bench_workload_runs_and_reports_its_state() {
     assert!(ok, "{stderr}");
     let r: serde_json::Value = serde_json::from_str(stdout.trim()).unwrap();
     assert_eq!(r["state"]["numRowsTotal"], 1000, "{r}");
+    // Snapshots: every version with --min-deltas-for-snapshot 1, none in 4 versions by default
+    // (every 10th).
+    for (every, copies) in [(Some("1"), true), (None, false)] {
+        let mut args = vec![
+            "bench",
+            "--workload",
+            "q2",
+            "--batches",
+            "3",
+            "--warmup",
+            "1",
+            "--rows-per-batch",
+            "2000",
+            "--json",
+        ];
+        args.extend(
+            every
+                .map(|n| ["--min-deltas-for-snapshot", n])
+                .into_iter()
+                .flatten(),
+        );
+        let (ok, stdout, stderr) = weir(&args);
+        assert!(ok, "{stderr}");
+        let r: serde_json::Value = serde_json::from_str(stdout.trim()).unwrap();
+        let copied = r["state"]["snapshotFilesCopied"].as_i64().unwrap();
+        assert_eq!(copied > 0, copies, "every {every:?}: {r}");
+    }
 }
