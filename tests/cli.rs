@@ -368,26 +368,10 @@ fn every_stateful_bench_workload_runs_and_reports_its_state() {
         }
         assert!(r["state"]["commitTimeMs"].is_number(), "{r}");
     }
-    // With asynchronous state checkpointing, the same state.
-    let (ok, stdout, stderr) = weir(&[
-        "bench",
-        "--workload",
-        "q2",
-        "--batches",
-        "3",
-        "--warmup",
-        "1",
-        "--rows-per-batch",
-        "2000",
-        "--async-state-checkpoint",
-        "--json",
-    ]);
-    assert!(ok, "{stderr}");
-    let r: serde_json::Value = serde_json::from_str(stdout.trim()).unwrap();
-    assert_eq!(r["state"]["numRowsTotal"], 1000, "{r}");
-    // Snapshots: every version with --min-deltas-for-snapshot 1, none in 4 versions by default
+    // q2 with other state options: the same state; with asynchronous checkpointing too;
+    // snapshots every version with --min-deltas-for-snapshot 1, none in 4 versions by default
     // (every 10th).
-    for (every, copies) in [(Some("1"), true), (None, false)] {
+    let q2 = |extra: &[&str]| -> serde_json::Value {
         let mut args = vec![
             "bench",
             "--workload",
@@ -400,16 +384,20 @@ fn every_stateful_bench_workload_runs_and_reports_its_state() {
             "2000",
             "--json",
         ];
-        args.extend(
-            every
-                .map(|n| ["--min-deltas-for-snapshot", n])
-                .into_iter()
-                .flatten(),
-        );
+        args.extend(extra);
         let (ok, stdout, stderr) = weir(&args);
-        assert!(ok, "{stderr}");
-        let r: serde_json::Value = serde_json::from_str(stdout.trim()).unwrap();
+        assert!(ok, "{extra:?}: {stderr}");
+        serde_json::from_str(stdout.trim()).unwrap()
+    };
+    let r = q2(&["--async-state-checkpoint"]);
+    assert_eq!(r["state"]["numRowsTotal"], 1000, "{r}");
+    for (extra, copies) in [
+        (&["--min-deltas-for-snapshot", "1"][..], true),
+        (&[], false),
+    ] {
+        let r = q2(extra);
+        assert_eq!(r["state"]["numRowsTotal"], 1000, "{r}");
         let copied = r["state"]["snapshotFilesCopied"].as_i64().unwrap();
-        assert_eq!(copied > 0, copies, "every {every:?}: {r}");
+        assert_eq!(copied > 0, copies, "{extra:?}: {r}");
     }
 }

@@ -79,7 +79,8 @@ impl Location {
         Self::local(&path)
     }
 
-    /// `s3://<rest>`: a bucket and a prefix in it, the client configured from the environment.
+    /// `s3://<rest>`: a bucket and a prefix in it, the client configured from the environment
+    /// and `options`.
     fn s3<K: AsRef<str>, V: Into<String>>(
         url: &str,
         rest: &str,

@@ -109,8 +109,8 @@ impl FileSink {
         }
         let location = Location::parse(path)?;
         if location.local_dir().is_none() {
-            // Checkpoints may live in an object store; the file sink's part files and manifest
-            // are written and read back through local paths still.
+            // Checkpoints may live in an object store; a file sink's output is still read back
+            // (as a table, through its manifest) from local paths only.
             return Err(weir_common::ClassifiedError::new(
                 "UNSUPPORTED_STORAGE_SCHEME",
                 "0A000",

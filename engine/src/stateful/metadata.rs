@@ -154,7 +154,10 @@ impl StateMetadata {
                     "STATE_STORE_LAYOUT_NOT_COMPATIBLE",
                     "XXKST",
                     format!(
-                        "The state of {op} was written in another layout, as the stores [{}];                          this weir keeps it as [{}] and cannot read the old one. Start the query                          with a new checkpoint location (its state starts empty), or keep                          running it with the weir release that wrote the checkpoint.",
+                        "The state of {op} was written in another layout, as the stores [{}]; \
+                         this weir keeps it as [{}] and cannot read the old one. Start the \
+                         query with a new checkpoint location (its state starts empty), or \
+                         keep running it with the weir release that wrote the checkpoint.",
                         a.store_names.join(", "),
                         b.store_names.join(", ")
                     ),

@@ -611,8 +611,10 @@ impl StateStoreProvider for RocksDbStateStoreProvider {
             db_path: self.local_dir.join(Self::rel(id)),
             staged: Staged::default(),
             changelog_dir: self.store_dir(id),
-            memtables: self.shared.memtables.clone(),
-            memtable_bytes: self.shared.config.memtable_bytes,
+            memtables: MemtableBound {
+                manager: self.shared.memtables.clone(),
+                bytes: self.shared.config.memtable_bytes,
+            },
             snapshot_interval: self.shared.config.snapshot_interval,
             uploaded: None,
             key_delta: Some(0),
@@ -651,8 +653,7 @@ struct RocksDbStateStore {
     /// hundreds of thousands of keys and looks each up; only a scan needs them in order.
     staged: Staged,
     changelog_dir: PathBuf,
-    memtables: WriteBufferManager,
-    memtable_bytes: usize,
+    memtables: MemtableBound,
     snapshot_interval: u64,
     /// The snapshot the last commit took, if it took one.
     uploaded: Option<snapshot::Uploaded>,
@@ -665,6 +666,34 @@ struct RocksDbStateStore {
     background: Uploads,
     /// Whether commits leave the version's writes to the background (async checkpointing).
     asynchronous: bool,
+}
+
+/// The memtables' memory bound. It is soft while writing; each commit enforces it by flushing,
+/// so memory stays bounded however far RocksDB's background flushes lag.
+#[derive(Clone)]
+struct MemtableBound {
+    manager: WriteBufferManager,
+    bytes: usize,
+}
+
+/// Makes `version` (`batch`, leaving `num_keys` keys) durable and local: its changelog into the
+/// checkpoint first (once there, the version can be rebuilt), then the local instance, flushed
+/// when the memtables are over their bound.
+fn persist(
+    db: &DB,
+    id: &StoreId,
+    changelog_dir: &Path,
+    batch: &WriteBatch,
+    version: u64,
+    num_keys: u64,
+    memtables: &MemtableBound,
+) -> Result<()> {
+    write_changelog(id, changelog_dir, version, &encode_changelog(batch))?;
+    write_counted(db, id, batch, version, num_keys)?;
+    if memtables.manager.get_usage() > memtables.bytes {
+        db.flush().map_err(|e| backend(id, e))?;
+    }
+    Ok(())
 }
 
 /// The first position at or after `from` in `ops` (in key order) whose key is not below `key`:
@@ -846,16 +875,11 @@ impl StateStore for RocksDbStateStore {
             let handle = {
                 let (id, dir) = (self.id.clone(), self.changelog_dir.clone());
                 let (db, db_path) = (Arc::clone(&self.db), self.db_path.clone());
-                let (memtables, memtable_bytes) = (self.memtables.clone(), self.memtable_bytes);
+                let memtables = self.memtables.clone();
                 let pending = Arc::clone(&pending);
                 std::thread::spawn(move || {
-                    // The changelog first: once it is in the checkpoint, the version can be
-                    // rebuilt.
-                    write_changelog(&id, &dir, next, &encode_changelog(&pending.batch))?;
-                    write_counted(&db, &id, &pending.batch, next, pending.num_keys)?;
-                    if memtables.get_usage() > memtable_bytes {
-                        db.flush().map_err(|e| backend(&id, e))?;
-                    }
+                    let p = &pending;
+                    persist(&db, &id, &dir, &p.batch, next, p.num_keys, &memtables)?;
                     // The next version is written only after this upload is finished.
                     if snapshot_due {
                         let staged = snapshot::stage(&db, &id, &db_path, next)?;
@@ -871,19 +895,16 @@ impl StateStore for RocksDbStateStore {
                 handle,
             })
         } else {
-            // The changelog first: once it is in the checkpoint, the version can be rebuilt.
-            write_changelog(
+            let num_keys = count_keys(&self.db, &self.id, &batch)?;
+            persist(
+                &self.db,
                 &self.id,
                 &self.changelog_dir,
+                &batch,
                 next,
-                &encode_changelog(&batch),
+                num_keys,
+                &self.memtables,
             )?;
-            write(&self.db, &self.id, &batch, next)?;
-            // The memtable bound is soft while writing; enforce it at each commit so memory
-            // stays bounded however far background flushes lag.
-            if self.memtables.get_usage() > self.memtable_bytes {
-                self.db.flush().map_err(|e| backend(&self.id, e))?;
-            }
             // The version is durable through its changelog; a snapshot only shortens a
             // rebuild. It is fixed here, before the instance changes again (a RocksDB
             // checkpoint of hard links), and its files are copied into the checkpoint in the
