@@ -10,5 +10,5 @@ pub mod options;
 
 pub use duration::parse_duration;
 pub use error::ClassifiedError;
-pub use location::Location;
+pub use location::{Created, Location};
 pub use options::{OptionReader, Options};

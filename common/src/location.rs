@@ -79,6 +79,49 @@ impl Location {
         Self::local(&path)
     }
 
+    /// Like [`Location::parse_with`] for a directory that is only read: a local directory is
+    /// not created (listing a missing one finds nothing).
+    pub fn parse_existing_with<K: AsRef<str>, V: Into<String>>(
+        location: &str,
+        options: impl IntoIterator<Item = (K, V)>,
+    ) -> Result<Self, ClassifiedError> {
+        let trimmed = location.trim();
+        let local = match trimmed.strip_prefix("file://") {
+            Some(rest) => rest,
+            None if trimmed.contains("://") || trimmed.is_empty() => {
+                return Self::parse_with(location, options);
+            }
+            None => trimmed,
+        };
+        let abs = std::path::absolute(local).map_err(|e| {
+            ClassifiedError::new(
+                "CANNOT_ACCESS_PATH",
+                "58030",
+                format!("Cannot resolve the path '{local}': {e}."),
+            )
+        })?;
+        if abs.exists() && !abs.is_dir() {
+            return Err(ClassifiedError::new(
+                "PATH_NOT_A_DIRECTORY",
+                "42K0F",
+                format!("'{}' exists and is not a directory.", abs.display()),
+            ));
+        }
+        let prefix = Path::from_absolute_path(&abs).map_err(|e| {
+            ClassifiedError::new(
+                "CANNOT_ACCESS_PATH",
+                "58030",
+                format!("Cannot use the path '{}': {e}.", abs.display()),
+            )
+        })?;
+        Ok(Self {
+            store: Arc::new(LocalFileSystem::new()),
+            prefix,
+            display: abs.display().to_string(),
+            local_dir: Some(abs),
+        })
+    }
+
     /// `s3://<rest>`: a bucket and a prefix in it, the client configured from the environment
     /// and `options`.
     fn s3<K: AsRef<str>, V: Into<String>>(

@@ -263,11 +263,14 @@ fn split_watermark(
     }
 }
 
-/// Turns `rate(rowsPerSecond => 10, rampUpTime => '5 seconds')` arguments into options.
+/// Turns `rate(rowsPerSecond => 10, rampUpTime => '5 seconds')` arguments into options; a
+/// first argument without a name is the `path` option.
 fn options_from_args(format: &str, args: &[FunctionArg]) -> Result<Options, ClassifiedError> {
     let mut options = Options::new();
-    for arg in args {
+    for (i, arg) in args.iter().enumerate() {
         let (name, value) = match arg {
+            // read_files('/data/in', format => 'json'): a leading unnamed value is the path.
+            FunctionArg::Unnamed(FunctionArgExpr::Expr(e)) if i == 0 => ("path".to_string(), e),
             FunctionArg::Named {
                 name,
                 arg: FunctionArgExpr::Expr(e),

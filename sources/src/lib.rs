@@ -10,6 +10,7 @@
 //! concrete source.
 
 mod error;
+pub mod files;
 mod memory;
 mod offset;
 mod rate;
@@ -24,6 +25,7 @@ use async_trait::async_trait;
 use weir_common::Location;
 
 pub use error::{Error, Result};
+pub use files::FileSourceProvider;
 pub use memory::{MemoryStream, MemoryStreamProvider};
 pub use offset::{Offset, ReadLimit};
 pub use rate::RateSourceProvider;

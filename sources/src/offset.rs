@@ -40,4 +40,8 @@ pub enum ReadLimit {
     AllAvailable,
     /// At most this many rows.
     MaxRows(u64),
+    /// At most this many files (file sources' `maxFilesPerTrigger`).
+    MaxFiles(u64),
+    /// Files up to about this many bytes, at least one (`maxBytesPerTrigger`).
+    MaxBytes(u64),
 }

@@ -5,7 +5,10 @@ use std::sync::Arc;
 
 use weir_common::{ClassifiedError, Options};
 
-use crate::{RateMicroBatchSourceProvider, RateSourceProvider, Result, SourceProvider};
+use crate::files::FileFormat;
+use crate::{
+    FileSourceProvider, RateMicroBatchSourceProvider, RateSourceProvider, Result, SourceProvider,
+};
 
 /// Builds a source definition from its options, refusing unknown or malformed ones.
 pub type SourceFactory = Arc<dyn Fn(&Options) -> Result<Arc<dyn SourceProvider>> + Send + Sync>;
@@ -43,7 +46,8 @@ impl SourceRegistry {
         }
     }
 
-    /// A registry with weir's built-in formats: `rate` and `rate-micro-batch`.
+    /// A registry with weir's built-in formats: `rate`, `rate-micro-batch`, the file formats
+    /// `json`, `csv` and `parquet`, and `read-files` (the file source with a `format` option).
     pub fn with_builtins() -> Self {
         let mut r = Self::empty();
         r.register(
@@ -53,6 +57,18 @@ impl SourceRegistry {
         r.register(
             "rate-micro-batch",
             Arc::new(|o: &Options| Ok(Arc::new(RateMicroBatchSourceProvider::try_new(o)?) as _)),
+        );
+        for format in [FileFormat::Json, FileFormat::Csv, FileFormat::Parquet] {
+            r.register(
+                format.name(),
+                Arc::new(move |o: &Options| {
+                    Ok(Arc::new(FileSourceProvider::try_new(format, o)?) as _)
+                }),
+            );
+        }
+        r.register(
+            "read-files",
+            Arc::new(|o: &Options| Ok(Arc::new(FileSourceProvider::read_files(o)?) as _)),
         );
         r
     }
@@ -98,7 +114,11 @@ mod tests {
             .create("kafak", &Options::new())
             .unwrap_err();
         assert_eq!(err.error_class(), "DATA_SOURCE_NOT_FOUND");
-        assert!(err.to_string().contains("rate, rate-micro-batch"), "{err}");
+        assert!(
+            err.to_string()
+                .contains("csv, json, parquet, rate, rate-micro-batch, read-files"),
+            "{err}"
+        );
     }
 
     #[test]
