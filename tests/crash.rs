@@ -359,3 +359,84 @@ async fn killed_at_every_stage_a_deduplication_keeps_each_key_once() {
     // but it is always one of the key's own rows.
     assert_eq!(get(4), keys, "each row under its own key");
 }
+
+/// Writes input file `i` of the file-source crash test: ten JSON lines, ids `10 i .. 10 i + 9`.
+fn write_input_file(dir: &std::path::Path, i: i64) {
+    let lines: String = (10 * i..10 * i + 10)
+        .map(|id| format!("{{\"id\":{id},\"file\":{i}}}\n"))
+        .collect();
+    // Written under a hidden name, then renamed: a file appears whole, as from an uploader.
+    let tmp = dir.join(format!(".f{i:03}.json.tmp"));
+    std::fs::write(&tmp, lines).unwrap();
+    std::fs::rename(tmp, dir.join(format!("f{i:03}.json"))).unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killed_at_every_stage_a_file_source_moves_every_file_into_the_sink_exactly_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let (input, archive) = (dir.path().join("in"), dir.path().join("archive"));
+    std::fs::create_dir_all(&input).unwrap();
+    let out = dir.path().join("out");
+    let ck = dir.path().join("ck");
+    let (out, ck) = (out.to_str().unwrap(), ck.to_str().unwrap());
+    let sql = format!(
+        "CREATE STREAMING TABLE moved USING parquet LOCATION '{out}' AS \
+         SELECT id, file FROM STREAM read_files('{}', format => 'json', \
+         schema => 'id BIGINT, file BIGINT', maxFilesPerTrigger => 1, \
+         cleanSource => 'archive', sourceArchiveDir => '{}')",
+        input.display(),
+        archive.display()
+    );
+    let mut files = 0;
+    for _ in 0..4 {
+        write_input_file(&input, files);
+        files += 1;
+    }
+    // One file per batch; a new file arrives before every restart.
+    for i in 0..18u64 {
+        write_input_file(&input, files);
+        files += 1;
+        run_and_kill_at(&sql, ck, STAGES[i as usize % STAGES.len()], i + 1);
+    }
+    let status = weir(&sql, ck, &["--trigger", "availableNow"])
+        .status()
+        .unwrap();
+    assert!(status.success());
+
+    let session = WeirSession::new();
+    session
+        .context()
+        .sql(&format!(
+            "CREATE EXTERNAL TABLE moved STORED AS PARQUET LOCATION '{out}'"
+        ))
+        .await
+        .unwrap();
+    let StatementResult::Rows(rows) = session
+        .sql("SELECT count(*), count(DISTINCT id), min(id), max(id), count(DISTINCT file) FROM moved")
+        .await
+        .unwrap()
+    else {
+        panic!("expected rows")
+    };
+    let get = |i: usize| {
+        rows[0]
+            .column(i)
+            .as_any()
+            .downcast_ref::<Int64Array>()
+            .unwrap()
+            .value(0)
+    };
+    let ids = files * 10;
+    assert_eq!(get(0), ids, "every row once");
+    assert_eq!(get(1), ids, "no row twice");
+    assert_eq!((get(2), get(3)), (0, ids - 1), "no gap");
+    assert_eq!(get(4), files, "every file");
+    // Every file was committed, so every file was archived, at its own name.
+    let left: Vec<_> = std::fs::read_dir(&input)
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .filter(|n| !n.to_string_lossy().starts_with('.'))
+        .collect();
+    assert!(left.is_empty(), "files left in the source folder: {left:?}");
+    assert_eq!(std::fs::read_dir(&archive).unwrap().count() as i64, files);
+}

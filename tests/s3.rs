@@ -17,6 +17,7 @@ use weir_common::location::Created;
 
 /// A SeaweedFS server with an S3 endpoint and a bucket `weir`, stopped when dropped.
 struct S3Server {
+    _turn: std::sync::MutexGuard<'static, ()>,
     child: Child,
     endpoint: String,
     _dir: tempfile::TempDir,
@@ -36,6 +37,9 @@ fn free_port() -> u16 {
     }
 }
 
+/// Two SeaweedFS servers at once get in each other's way: the tests take turns.
+static ONE_SERVER_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 impl S3Server {
     /// The server, or `None` when the caller asked to skip server tests.
     fn start() -> Option<Self> {
@@ -52,6 +56,9 @@ impl S3Server {
                  SeaweedFS (scripts/test-servers), or set WEIR_SKIP_SERVER_TESTS=1 to skip them"
             ),
         };
+        let turn = ONE_SERVER_AT_A_TIME
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         let dir = tempfile::tempdir().unwrap();
         // One identity, whose keys `options` signs with.
         let config = dir.path().join("s3.json");
@@ -79,6 +86,7 @@ impl S3Server {
             .spawn()
             .unwrap_or_else(|e| panic!("cannot start {weed}: {e}"));
         let server = Self {
+            _turn: turn,
             child,
             endpoint: format!("http://127.0.0.1:{s3}"),
             _dir: dir,
@@ -207,4 +215,94 @@ async fn on_s3_a_log_entry_is_written_once_and_a_query_resumes_from_its_checkpoi
         next["start"]["offset"], 30,
         "batch 3 starts after the 30 rows of batches 0-2"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_file_source_on_s3_reads_each_landed_file_once_and_archives_it_on_s3() {
+    let Some(server) = S3Server::start() else {
+        return;
+    };
+    let landing = server.location("s3://weir/landing").await;
+    let land = |i: i64| {
+        let landing = landing.clone();
+        async move {
+            let text: String = (10 * i..10 * i + 10)
+                .map(|id| format!("{{\"id\":{id}}}\n"))
+                .collect();
+            landing
+                .put(&format!("day=1/f{i}.json"), Bytes::from(text))
+                .await
+                .unwrap();
+        }
+    };
+    land(0).await;
+    land(1).await;
+    let out = tempfile::tempdir().unwrap();
+    let sql = format!(
+        "CREATE STREAMING TABLE landed USING parquet LOCATION '{}' AS SELECT id \
+         FROM STREAM read_files('s3://weir/landing', format => 'json', recursiveFileLookup => true, \
+         cleanSource => 'archive', sourceArchiveDir => 's3://weir/archive', \
+         schemaLocation => 's3://weir/schemas/landed')",
+        out.path().display()
+    );
+    let run = || {
+        let mut c = Command::new(env!("CARGO_BIN_EXE_weir"));
+        c.args(["run", "-e", &sql])
+            .args(["--checkpoint", "s3://weir/queries/files"])
+            .args(["--trigger", "availableNow"]);
+        for (k, v) in server.options() {
+            c.env(k.to_ascii_uppercase(), v);
+        }
+        let out = c.output().unwrap();
+        assert!(
+            out.status.success(),
+            "weir run failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    run();
+    land(2).await;
+    run();
+    // Nothing new, and nothing left to infer a schema from: the schema kept at schemaLocation
+    // plans the query; a third run reads nothing and writes nothing.
+    run();
+
+    let session = weir::WeirSession::new();
+    session
+        .context()
+        .sql(&format!(
+            "CREATE EXTERNAL TABLE landed STORED AS PARQUET LOCATION '{}'",
+            out.path().display()
+        ))
+        .await
+        .unwrap();
+    let counts = session
+        .context()
+        .sql("SELECT count(*) AS n, count(DISTINCT id) AS d, max(id) AS hi FROM landed")
+        .await
+        .unwrap()
+        .collect()
+        .await
+        .unwrap();
+    let text = weir::datafusion::arrow::util::pretty::pretty_format_batches(&counts)
+        .unwrap()
+        .to_string();
+    assert!(text.contains("| 30 | 30 | 29 |"), "{text}");
+    assert!(
+        landing.list_all().await.unwrap().is_empty(),
+        "every committed file is archived"
+    );
+    let archive = server.location("s3://weir/archive").await;
+    let mut archived = archive.list_all().await.unwrap();
+    archived.sort();
+    assert_eq!(
+        archived,
+        vec!["day=1/f0.json", "day=1/f1.json", "day=1/f2.json"]
+    );
+    let ck = server.location("s3://weir/queries/files").await;
+    assert!(ck.get("sources/0/schema").await.unwrap().is_some());
+    let kept = server.location("s3://weir/schemas/landed").await;
+    assert!(kept.get("_schemas/0").await.unwrap().is_some());
+    assert!(ck.get("commits/1").await.unwrap().is_some());
+    assert!(ck.get("offsets/2").await.unwrap().is_none());
 }

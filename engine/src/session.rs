@@ -267,6 +267,30 @@ impl DataStreamReader {
         Ok(DataFrame::new(self.session.inner.ctx.state(), plan))
     }
 
+    /// The schema of a file source's files, instead of inferring it from the files present
+    /// (Spark's `.schema(...)`); the same as the `schema` option in DDL form.
+    pub fn schema(mut self, schema: &arrow::datatypes::Schema) -> Result<Self> {
+        let ddl = weir_sources::files::to_ddl(schema).ok_or_else(|| {
+            Error::user(
+                "INVALID_SCHEMA",
+                "42K07",
+                format!(
+                    "The schema {schema} has a type a file source cannot read; use BOOLEAN, \
+                     integers, FLOAT, DOUBLE, DECIMAL, STRING, BINARY, DATE, TIMESTAMP \
+                     (microseconds, UTC), TIMESTAMP_NTZ, lists, maps and structs of them."
+                ),
+            )
+        })?;
+        self.options.set("schema", ddl);
+        Ok(self)
+    }
+
+    /// The files under `path` (Spark's `.load(path)`): the same as the `path` option.
+    pub fn load_path(mut self, path: &str) -> Result<DataFrame> {
+        self.options.set("path", path);
+        self.load()
+    }
+
     /// The stream of the chosen format with the given options.
     pub fn load(self) -> Result<DataFrame> {
         let format = self.format.clone().ok_or_else(|| {

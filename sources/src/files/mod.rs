@@ -63,6 +63,7 @@ const COMMON: &[&str] = &[
     "sourceArchiveDir",
     "mode",
     "columnNameOfCorruptRecord",
+    "schemaLocation",
 ];
 
 /// Options of CSV files only.
@@ -121,6 +122,9 @@ pub struct FileSourceOptions {
     pub corrupt_column: String,
     /// CSV parsing options.
     pub csv: CsvOptions,
+    /// Where an inferred schema is kept (`<schemaLocation>/_schemas/0`) and read back from by
+    /// later runs instead of inferring again (Auto Loader's `schemaLocation`).
+    pub schema_location: Option<String>,
     /// S3 client options (`aws_*`), over the environment.
     pub storage: Vec<(String, String)>,
 }
@@ -249,6 +253,7 @@ impl FileSourceOptions {
                 .string("columnNameOfCorruptRecord")
                 .unwrap_or_else(|| "_corrupt_record".to_string()),
             csv,
+            schema_location: r.string("schemaLocation"),
             storage: storage
                 .into_iter()
                 .map(|(k, v)| (k.to_string(), v.to_string()))
@@ -303,7 +308,7 @@ impl FileSourceProvider {
         let options = FileSourceOptions::try_new(format, options)?;
         let (schema, given) = match &options.schema {
             Some(s) => (s.clone(), true),
-            None => (read::infer_blocking(&options)?, false),
+            None => (read::resolve_blocking(&options)?, false),
         };
         Ok(Self {
             schema: Arc::new(read::nullable(&schema)),
@@ -323,11 +328,37 @@ impl FileSourceProvider {
     }
 }
 
-/// What the checkpoint records about the schema (`sources/<i>/schema`).
+/// What the checkpoint records about the schema (`sources/<i>/schema`, and
+/// `<schemaLocation>/_schemas/0`).
 #[derive(Debug, Serialize, Deserialize)]
-struct RecordedSchema {
+pub(crate) struct RecordedSchema {
     ddl: Option<String>,
     schema: Schema,
+}
+
+impl RecordedSchema {
+    pub(crate) fn new(schema: &Schema) -> Self {
+        Self {
+            ddl: to_ddl(schema),
+            schema: schema.clone(),
+        }
+    }
+
+    pub(crate) fn json(&self) -> Result<Vec<u8>> {
+        serde_json::to_vec_pretty(self)
+            .map_err(|e| Error::Corrupt(format!("cannot serialize the schema: {e}")))
+    }
+
+    pub(crate) fn parse(bytes: &[u8], file: &str) -> Result<Schema> {
+        serde_json::from_slice::<Self>(bytes)
+            .map(|r| r.schema)
+            .map_err(|e| {
+                Error::Corrupt(format!(
+                    "The file source's schema record '{file}' cannot be read: {e}. Restore it, \
+                     or delete it to record the current schema again."
+                ))
+            })
+    }
 }
 
 #[async_trait]
@@ -378,22 +409,12 @@ impl SourceProvider for FileSourceProvider {
 
 impl FileSourceProvider {
     async fn check_recorded_schema(&self, dir: &Location) -> Result<()> {
+        let file = format!("{}/schema", dir.display());
         let recorded = match dir.get("schema").await? {
             None => None,
-            Some(bytes) => Some(
-                serde_json::from_slice::<RecordedSchema>(&bytes).map_err(|e| {
-                    Error::Corrupt(format!(
-                        "The file source's schema record '{}/schema' cannot be read: {e}. Restore \
-                     it, or delete it to record the current schema again.",
-                        dir.display()
-                    ))
-                })?,
-            ),
+            Some(bytes) => Some(RecordedSchema::new(&RecordedSchema::parse(&bytes, &file)?)),
         };
-        let ours = RecordedSchema {
-            ddl: to_ddl(&self.schema),
-            schema: (*self.schema).clone(),
-        };
+        let ours = RecordedSchema::new(&self.schema);
         match recorded {
             Some(r) if r.schema == *self.schema => return Ok(()),
             Some(r) if !self.schema_given => {
@@ -418,9 +439,7 @@ impl FileSourceProvider {
             ),
             None => {}
         }
-        let bytes = serde_json::to_vec_pretty(&ours)
-            .map_err(|e| Error::Corrupt(format!("cannot serialize the schema: {e}")))?;
-        dir.put("schema", bytes.into()).await?;
+        dir.put("schema", ours.json()?.into()).await?;
         Ok(())
     }
 }

@@ -12,8 +12,8 @@ use bytes::Bytes;
 use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 use weir_common::{ClassifiedError, OptionReader, Options};
 
-use super::FileSourceOptions;
 use super::listing::Listing;
+use super::{FileSourceOptions, RecordedSchema};
 use crate::{Error, Result};
 
 const BATCH_ROWS: usize = 8192;
@@ -408,20 +408,44 @@ fn read_parquet(schema: &SchemaRef, path: &str, bytes: Bytes) -> Result<Vec<Reco
     Ok(out)
 }
 
-/// Infers the schema from the files present now (on a thread of its own, as planning is
-/// synchronous and may itself run on an async runtime).
-pub fn infer_blocking(o: &FileSourceOptions) -> Result<Schema> {
+/// The schema of a source without a `schema` option: the one kept at `schemaLocation`, or
+/// inferred from the files present now (and then kept there). Runs on a thread of its own, as
+/// planning is synchronous and may itself run on an async runtime.
+pub fn resolve_blocking(o: &FileSourceOptions) -> Result<Schema> {
     std::thread::scope(|s| {
         s.spawn(|| {
             let rt = tokio::runtime::Builder::new_current_thread()
                 .enable_all()
                 .build()
                 .map_err(|e| Error::Corrupt(format!("cannot start schema inference: {e}")))?;
-            rt.block_on(infer(o))
+            rt.block_on(resolve(o))
         })
         .join()
         .map_err(|_| Error::Corrupt("schema inference panicked".into()))?
     })
+}
+
+async fn resolve(o: &FileSourceOptions) -> Result<Schema> {
+    const KEPT: &str = "_schemas/0";
+    let Some(at) = &o.schema_location else {
+        return infer(o).await;
+    };
+    let dir = weir_common::Location::parse_with(at, o.storage.clone())?;
+    let file = format!("{}/{KEPT}", dir.display());
+    if let Some(bytes) = dir.get(KEPT).await? {
+        return RecordedSchema::parse(&bytes, &file);
+    }
+    let schema = infer(o).await?;
+    // Two queries inferring at once: the first kept schema wins for both.
+    if dir
+        .put_if_absent(KEPT, RecordedSchema::new(&schema).json()?.into())
+        .await?
+        == weir_common::Created::AlreadyExisted
+        && let Some(bytes) = dir.get(KEPT).await?
+    {
+        return RecordedSchema::parse(&bytes, &file);
+    }
+    Ok(schema)
 }
 
 async fn infer(o: &FileSourceOptions) -> Result<Schema> {
@@ -433,8 +457,10 @@ async fn infer(o: &FileSourceOptions) -> Result<Schema> {
             "UNABLE_TO_INFER_SCHEMA",
             "42KD9",
             format!(
-                "Unable to infer the schema of the {} files in '{}': there are none yet. Give \
-                 it with the `schema` option, e.g. schema => 'id BIGINT, name STRING'.",
+                "Unable to infer the schema of the {} files in '{}': there are none (yet, or \
+                 any more after cleanSource). Give it with the `schema` option, e.g. schema => \
+                 'id BIGINT, name STRING', or set `schemaLocation` so that the schema inferred \
+                 once is kept there for later runs.",
                 o.format.name(),
                 o.path
             ),

@@ -559,3 +559,32 @@ fn bad_options_are_refused_naming_what_to_do() {
     );
     let _ = StringArray::from(vec!["unused"]).len();
 }
+
+#[test]
+fn a_schema_location_keeps_the_first_inferred_schema_for_later_runs() {
+    let (dir, kept) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    write(dir.path(), "a.json", "{\"id\":1}", 10);
+    let at = [("schemaLocation", kept.path().to_str().unwrap())];
+    let first = source("json", dir.path(), &at).unwrap();
+    assert_eq!(to_ddl(&first.schema()).unwrap(), "id BIGINT");
+    assert!(kept.path().join("_schemas/0").exists());
+    // The files are gone (cleanSource) and a new one has another column: the kept schema plans.
+    std::fs::remove_file(dir.path().join("a.json")).unwrap();
+    assert_eq!(
+        source("json", dir.path(), &[]).unwrap_err().error_class(),
+        "UNABLE_TO_INFER_SCHEMA"
+    );
+    assert_eq!(
+        to_ddl(&source("json", dir.path(), &at).unwrap().schema()).unwrap(),
+        "id BIGINT"
+    );
+    write(dir.path(), "b.json", "{\"id\":2,\"extra\":1}", 5);
+    assert_eq!(
+        to_ddl(&source("json", dir.path(), &at).unwrap().schema()).unwrap(),
+        "id BIGINT"
+    );
+    std::fs::write(kept.path().join("_schemas/0"), "{garbled").unwrap();
+    let err = source("json", dir.path(), &at).unwrap_err();
+    assert_eq!(err.error_class(), "CHECKPOINT_FILE_CORRUPT");
+    assert!(err.to_string().contains("_schemas/0"), "{err}");
+}
