@@ -11,6 +11,8 @@
 
 mod error;
 pub mod files;
+#[cfg(feature = "kafka")]
+pub mod kafka;
 mod memory;
 mod offset;
 mod rate;

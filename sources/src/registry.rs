@@ -66,6 +66,13 @@ impl SourceRegistry {
                 }),
             );
         }
+        #[cfg(feature = "kafka")]
+        r.register(
+            "kafka",
+            Arc::new(|o: &Options| {
+                Ok(Arc::new(crate::kafka::KafkaSourceProvider::try_new(o)?) as _)
+            }),
+        );
         r.register(
             "read-files",
             Arc::new(|o: &Options| Ok(Arc::new(FileSourceProvider::read_files(o)?) as _)),
@@ -114,11 +121,16 @@ mod tests {
             .create("kafak", &Options::new())
             .unwrap_err();
         assert_eq!(err.error_class(), "DATA_SOURCE_NOT_FOUND");
-        assert!(
-            err.to_string()
-                .contains("csv, json, parquet, rate, rate-micro-batch, read-files"),
-            "{err}"
-        );
+        for format in [
+            "csv",
+            "json",
+            "parquet",
+            "rate",
+            "rate-micro-batch",
+            "read-files",
+        ] {
+            assert!(err.to_string().contains(format), "{err}");
+        }
     }
 
     #[test]
