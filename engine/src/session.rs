@@ -791,6 +791,11 @@ impl DataStreamWriter {
             None
         };
 
+        // The sink's own set-up (a transactional Kafka producer fences earlier runs' here).
+        if let Err(e) = sink.open(&checkpoint.id().to_string()).await {
+            checkpoint.delete_if_temporary();
+            return Err(e.into());
+        }
         let query = StreamingQuery {
             shared: Arc::clone(&shared),
             task: Arc::new(Mutex::new(None)),

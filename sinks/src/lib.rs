@@ -11,6 +11,8 @@ mod console;
 mod error;
 mod file;
 mod foreach;
+#[cfg(feature = "kafka")]
+pub mod kafka;
 mod memory;
 mod noop;
 mod registry;
@@ -83,6 +85,12 @@ pub trait Sink: Debug + Send + Sync {
     /// The output modes this sink accepts.
     fn supported_output_modes(&self) -> &'static [OutputMode] {
         &[OutputMode::Append, OutputMode::Update, OutputMode::Complete]
+    }
+
+    /// Called once per run, after the checkpoint is open and before the first batch, with the
+    /// query's id (the same across restarts).
+    async fn open(&self, _query_id: &str) -> Result<()> {
+        Ok(())
     }
 
     /// Writes the output of micro-batch `batch_id`.

@@ -101,6 +101,13 @@ impl SinkRegistry {
         for f in [FileFormat::Parquet, FileFormat::Csv, FileFormat::Json] {
             r.register(f.name(), file_factory(f));
         }
+        #[cfg(feature = "kafka")]
+        r.register(
+            "kafka",
+            Arc::new(|s: &SinkSpec| {
+                Ok(Arc::new(crate::kafka::KafkaSink::try_new(&s.options, &s.schema)?) as _)
+            }),
+        );
         r
     }
 
