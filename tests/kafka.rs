@@ -585,3 +585,198 @@ async fn kafka_to_parquet_keeps_every_record_once_across_kills() {
         vec!["0"]
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn starting_positions_assign_and_a_vanished_partition_follow_the_options() {
+    let Some(broker) = Broker::start() else {
+        return;
+    };
+    broker.create_topic("s", 2).await;
+    broker.send("s", 0, &["a0", "a1", "a2"]).await;
+    broker.send("s", 1, &["b0", "b1"]).await;
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    let cut = chrono::Utc::now().timestamp_millis();
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    broker.send("s", 0, &["a3"]).await;
+    broker.send("s", 1, &["b2"]).await;
+    let session = WeirSession::new();
+    let read = |name: &'static str, opts: Vec<(&'static str, String)>| {
+        let session = &session;
+        let servers = broker.servers.clone();
+        async move {
+            let ck = tempfile::tempdir().unwrap();
+            let mut reader = session
+                .read_stream()
+                .format("kafka")
+                .option("kafka.bootstrap.servers", &servers);
+            for (k, v) in opts {
+                reader = reader.option(k, v);
+            }
+            let q = reader
+                .load()
+                .unwrap()
+                .write_stream()
+                .unwrap()
+                .format("memory")
+                .query_name(name)
+                .checkpoint_location(ck.path().to_str().unwrap())
+                .start()
+                .await
+                .unwrap();
+            q.process_all_available().await.unwrap();
+            q.stop().await;
+            rows(
+                session,
+                &format!("SELECT CAST(value AS STRING) AS v FROM {name} ORDER BY v"),
+            )
+            .await
+        }
+    };
+    assert_eq!(
+        read(
+            "by_offsets",
+            vec![
+                ("subscribe", "s".into()),
+                ("startingOffsets", r#"{"s":{"0":2,"1":-2}}"#.into())
+            ]
+        )
+        .await,
+        vec!["a2", "a3", "b0", "b1", "b2"]
+    );
+    assert_eq!(
+        read(
+            "by_time",
+            vec![
+                ("subscribe", "s".into()),
+                ("startingTimestamp", cut.to_string())
+            ]
+        )
+        .await,
+        vec!["a3", "b2"]
+    );
+    assert_eq!(
+        read(
+            "assigned",
+            vec![
+                ("assign", r#"{"s":[1]}"#.into()),
+                ("startingOffsets", "earliest".into())
+            ]
+        )
+        .await,
+        vec!["b0", "b1", "b2"]
+    );
+    // latest (the default): only what arrives after the start.
+    assert_eq!(
+        read("latest", vec![("subscribe", "s".into())]).await,
+        Vec::<String>::new()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deleted_topic_fails_the_query_unless_fail_on_data_loss_is_off() {
+    let Some(broker) = Broker::start() else {
+        return;
+    };
+    broker.create_topic("gone", 1).await;
+    broker.create_topic("stays", 1).await;
+    broker.send("gone", 0, &["g"]).await;
+    broker.send("stays", 0, &["s"]).await;
+    let session = WeirSession::new();
+    let ck = tempfile::tempdir().unwrap();
+    let start = |fail: bool| {
+        session
+            .read_stream()
+            .format("kafka")
+            .option("kafka.bootstrap.servers", &broker.servers)
+            .option("subscribe", "gone,stays")
+            .option("startingOffsets", "earliest")
+            .option("failOnDataLoss", fail)
+            .load()
+            .unwrap()
+            .write_stream()
+            .unwrap()
+            .format("memory")
+            .query_name("kept")
+            .checkpoint_location(ck.path().to_str().unwrap())
+            .start()
+    };
+    let q = start(true).await.unwrap();
+    q.process_all_available().await.unwrap();
+    q.stop().await;
+    let deleted = broker
+        .admin()
+        .delete_topics(&["gone"], &AdminOptions::new())
+        .await
+        .unwrap();
+    deleted[0].as_ref().unwrap();
+    broker.send("stays", 0, &["t"]).await;
+
+    let q = start(true).await.unwrap();
+    let err = q.process_all_available().await.unwrap_err();
+    assert_eq!(err.cause_error_class(), "KAFKA_DATA_LOSS", "{err}");
+    assert!(err.to_string().contains("gone-0"), "{err}");
+    assert!(err.to_string().contains("failOnDataLoss"), "{err}");
+
+    let q = start(false).await.unwrap();
+    q.process_all_available().await.unwrap();
+    assert_eq!(
+        rows(&session, "SELECT CAST(value AS STRING) AS v FROM kept").await,
+        vec!["t"]
+    );
+    q.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn min_offsets_per_trigger_holds_a_batch_back_until_enough_records_or_the_delay() {
+    let Some(broker) = Broker::start() else {
+        return;
+    };
+    broker.create_topic("slow", 1).await;
+    broker.send("slow", 0, &["1", "2", "3"]).await;
+    let session = WeirSession::new();
+    let run = |min: u64, delay: &'static str, name: &'static str| {
+        session
+            .read_stream()
+            .format("kafka")
+            .option("kafka.bootstrap.servers", &broker.servers)
+            .option("subscribe", "slow")
+            .option("startingOffsets", "earliest")
+            .option("minOffsetsPerTrigger", min)
+            .option("maxTriggerDelay", delay)
+            .load()
+            .unwrap()
+            .write_stream()
+            .unwrap()
+            .format("memory")
+            .query_name(name)
+            .start()
+    };
+    let q = run(5, "1 hour", "held").await.unwrap();
+    q.process_all_available().await.unwrap();
+    assert!(rows(&session, "SELECT * FROM held").await.is_empty());
+    broker.send("slow", 0, &["4", "5"]).await;
+    q.process_all_available().await.unwrap();
+    assert_eq!(q.last_progress().unwrap().num_input_rows, 5);
+    q.stop().await;
+    // Past maxTriggerDelay, fewer records than the minimum make a batch.
+    broker.send("slow", 0, &["6"]).await;
+    let q = run(100, "2 seconds", "late").await.unwrap();
+    q.process_all_available().await.unwrap();
+    assert!(
+        rows(&session, "SELECT * FROM late").await.is_empty(),
+        "held back at first"
+    );
+    let started = Instant::now();
+    loop {
+        q.process_all_available().await.unwrap();
+        if !rows(&session, "SELECT * FROM late").await.is_empty() {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "never released"
+        );
+    }
+    assert_eq!(rows(&session, "SELECT count(*) FROM late").await, vec!["6"]);
+    q.stop().await;
+}
