@@ -28,6 +28,9 @@ pub struct BenchConfig {
     pub async_state_checkpoint: bool,
     /// Stateful workloads: a RocksDB snapshot every this many versions (the default if `None`).
     pub min_deltas_for_snapshot: Option<u64>,
+    /// The `kafka` workload: the broker (`host:port`); without it, a Tansu broker is started
+    /// on loopback from `$WEIR_TANSU` (see `scripts/test-servers`).
+    pub bootstrap_servers: Option<String>,
 }
 
 /// Summary statistics of a series.
@@ -68,6 +71,10 @@ pub struct BenchReport {
     /// `numRowsTotal` after the last batch.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub state: Option<StateFigures>,
+    /// The kafka workload: records per second a bare librdkafka consumer reads the same topic
+    /// at, in the same run (the broker's and client's ceiling).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub baseline_consumer_rows_per_sec: Option<f64>,
 }
 
 /// The state figures of a bench run.
@@ -87,7 +94,7 @@ pub struct StateFigures {
     pub snapshot_files_copied: i64,
 }
 
-fn workload_sql(cfg: &BenchConfig) -> Result<String> {
+fn workload_sql(cfg: &BenchConfig, input: &Input) -> Result<String> {
     let src = format!(
         "STREAM rate_micro_batch(rowsPerBatch => {}, numPartitions => {})",
         cfg.rows_per_batch, cfg.partitions
@@ -136,6 +143,25 @@ fn workload_sql(cfg: &BenchConfig) -> Result<String> {
                  AND r.timestamp BETWEEN l.timestamp - INTERVAL 1 SECOND AND l.timestamp + INTERVAL 1 SECOND"
             ),
         )),
+        "kafka" => match input {
+            Input::Kafka(InputKafka { servers, topic, .. }) => Ok(format!(
+                "SELECT key, value, \"offset\" FROM STREAM kafka(\"kafka.bootstrap.servers\" => \
+                 '{servers}', subscribe => '{topic}', startingOffsets => 'earliest', \
+                 maxOffsetsPerTrigger => {})",
+                cfg.rows_per_batch
+            )),
+            _ => Err(Error::Internal("the kafka workload has no topic".into())),
+        },
+        "files" => match input {
+            Input::Files { dir, per_batch, .. } => Ok(format!(
+                "CREATE STREAMING TABLE bench USING noop OPTIONS (outputMode 'update') AS \
+                 SELECT k, count(*) AS n, sum(v) AS total \
+                 FROM STREAM read_files('{}', format => 'parquet', maxFilesPerTrigger => \
+                 {per_batch}) GROUP BY k",
+                dir.display()
+            )),
+            _ => Err(Error::Internal("the files workload has no files".into())),
+        },
         other => Err(Error::user(
             "UNKNOWN_BENCH_WORKLOAD",
             "42601",
@@ -143,7 +169,9 @@ fn workload_sql(cfg: &BenchConfig) -> Result<String> {
                 "Unknown workload '{other}'. Available: q1 (filter and projection), q2 (GROUP BY \
                  value % 1000, update), q3 (10-second windows with a watermark, append), q4 \
                  (deduplication on value % 100000), q5 (stream-stream inner join with \
-                 watermarks and a time range; run it with --rows-per-batch 100000 as Spark's)."
+                 watermarks and a time range; run it with --rows-per-batch 100000 as Spark's), \
+                 kafka (Kafka source into noop; records produced first), files (Parquet files \
+                 into GROUP BY, update mode; files written first)."
             ),
         )),
     }
@@ -167,9 +195,66 @@ fn stats(mut xs: Vec<f64>) -> Stats {
     }
 }
 
+/// The `kafka` workload's topic, and the broker started for it, if any.
+pub(crate) struct InputKafka {
+    pub(crate) servers: String,
+    pub(crate) topic: String,
+    /// Records per second a bare librdkafka consumer reads the whole topic at.
+    pub(crate) baseline_rows_per_sec: f64,
+    #[expect(
+        dead_code,
+        reason = "held to keep the broker running, stopped when dropped"
+    )]
+    pub(crate) broker: Option<crate::bench_inputs::Tansu>,
+}
+
+/// What a workload reads, prepared before it is measured.
+enum Input {
+    /// The `rate-micro-batch` source: nothing to prepare.
+    Rate,
+    /// A topic filled with every record the run reads.
+    Kafka(InputKafka),
+    /// A folder of Parquet files, `per_batch` files per batch, and the sink's folder.
+    Files {
+        dir: std::path::PathBuf,
+        per_batch: u64,
+    },
+}
+
+impl Input {
+    async fn prepare(cfg: &BenchConfig, scratch: &std::path::Path) -> Result<Self> {
+        let total = cfg.rows_per_batch * (cfg.warmup + cfg.batches);
+        match cfg.workload.to_ascii_lowercase().as_str() {
+            "kafka" => Ok(Input::Kafka(crate::bench_inputs::kafka(cfg, total).await?)),
+            "files" => {
+                let per_batch = (cfg.partitions as u64 * 2).max(1);
+                let dir = scratch.join("files");
+                crate::bench_inputs::parquet_files(
+                    &dir,
+                    per_batch * (cfg.warmup + cfg.batches),
+                    cfg.rows_per_batch / per_batch,
+                )?;
+                Ok(Input::Files { dir, per_batch })
+            }
+            _ => Ok(Input::Rate),
+        }
+    }
+}
+
 /// Runs a workload into the noop sink with a temporary checkpoint.
 pub async fn run_bench(cfg: &BenchConfig) -> Result<BenchReport> {
-    let sql = workload_sql(cfg)?;
+    let scratch = std::env::temp_dir().join(format!("weir-bench-in-{}", uuid::Uuid::new_v4()));
+    let input = Input::prepare(cfg, &scratch).await;
+    let report = match input {
+        Ok(input) => run_prepared(cfg, &input).await,
+        Err(e) => Err(e),
+    };
+    let _ = std::fs::remove_dir_all(&scratch);
+    report
+}
+
+async fn run_prepared(cfg: &BenchConfig, input: &Input) -> Result<BenchReport> {
+    let sql = workload_sql(cfg, input)?;
     let session = WeirSession::with_config(
         SessionConfig::new().with_target_partitions(cfg.partitions.max(1)),
     );
@@ -263,6 +348,10 @@ pub async fn run_bench(cfg: &BenchConfig) -> Result<BenchReport> {
         batch_latency_ms: stats(measured.iter().map(|p| trig(p)).collect()),
         duration_ms_median,
         state,
+        baseline_consumer_rows_per_sec: match input {
+            Input::Kafka(k) => Some(k.baseline_rows_per_sec),
+            _ => None,
+        },
     })
 }
 
@@ -296,6 +385,9 @@ impl BenchReport {
         s += "durationMs (median):\n";
         for (k, v) in &self.duration_ms_median {
             s += &format!("  {k:<18} {v:>8.1}\n");
+        }
+        if let Some(b) = self.baseline_consumer_rows_per_sec {
+            s += &format!("baseline: a bare librdkafka consumer, rows/s {b:>14.0}\n");
         }
         if let Some(st) = &self.state {
             s += &format!(

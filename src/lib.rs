@@ -25,6 +25,7 @@
 //! ```
 
 pub mod bench;
+mod bench_inputs;
 
 pub use datafusion;
 pub use weir_common::{ClassifiedError, Location, Options};

@@ -53,7 +53,8 @@ enum Command {
     },
     /// Run a named benchmark workload into the noop sink.
     Bench {
-        /// Workload: q1 (stateless), q2 (aggregation), q3 (windows), q4 (dedupe), q5 (join).
+        /// Workload: q1 (stateless), q2 (aggregation), q3 (windows), q4 (dedupe), q5 (join),
+        /// kafka (Kafka source), files (Parquet files, aggregation, Parquet sink).
         #[arg(long, default_value = "q1")]
         workload: String,
         /// Measured batches.
@@ -78,6 +79,10 @@ enum Command {
         /// (`stateStore.minDeltasForSnapshot`, default 10).
         #[arg(long)]
         min_deltas_for_snapshot: Option<u64>,
+        /// The kafka workload's broker (host:port); by default a Tansu broker started on
+        /// loopback from $WEIR_TANSU.
+        #[arg(long)]
+        bootstrap_servers: Option<String>,
     },
 }
 
@@ -200,6 +205,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             json,
             async_state_checkpoint,
             min_deltas_for_snapshot,
+            bootstrap_servers,
         } => {
             let report = run_bench(&BenchConfig {
                 workload,
@@ -209,6 +215,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                 partitions,
                 async_state_checkpoint,
                 min_deltas_for_snapshot,
+                bootstrap_servers,
             })
             .await?;
             if json {

@@ -401,3 +401,42 @@ fn every_stateful_bench_workload_runs_and_reports_its_state() {
         assert_eq!(copied > 0, copies, "{extra:?}: {r}");
     }
 }
+
+#[test]
+fn bench_files_and_kafka_workloads_run_on_prepared_inputs() {
+    let args = |w: &'static str| {
+        vec![
+            "bench",
+            "--workload",
+            w,
+            "--batches",
+            "2",
+            "--warmup",
+            "1",
+            "--rows-per-batch",
+            "400",
+            "--json",
+        ]
+    };
+    let (ok, stdout, stderr) = weir(&args("files"));
+    assert!(ok, "{stderr}");
+    let r: serde_json::Value = serde_json::from_str(stdout.trim()).unwrap();
+    assert_eq!(r["batches"], 2, "{r}");
+    // 4 files of 100 rows per batch (2 partitions x 2 files).
+    assert_eq!(r["state"]["numRowsTotal"], 1000.min(3 * 400), "{r}");
+    if std::env::var("WEIR_TANSU").is_err()
+        && std::env::var("WEIR_SKIP_SERVER_TESTS").is_ok_and(|v| v == "1")
+    {
+        eprintln!("\n!!! SKIPPED: the kafka bench workload (WEIR_SKIP_SERVER_TESTS=1) !!!\n");
+        return;
+    }
+    let (ok, stdout, stderr) = weir(&args("kafka"));
+    assert!(ok, "{stderr}");
+    let r: serde_json::Value = serde_json::from_str(stdout.trim()).unwrap();
+    assert_eq!(r["batches"], 2, "{r}");
+    assert!(r["rowsPerSec"]["median"].as_f64().unwrap() > 0.0, "{r}");
+    assert!(
+        r["baselineConsumerRowsPerSec"].as_f64().unwrap() > 0.0,
+        "{r}"
+    );
+}
