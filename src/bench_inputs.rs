@@ -142,7 +142,7 @@ pub(crate) async fn kafka(cfg: &BenchConfig, total: u64) -> Result<super::bench:
         .create()
         .map_err(kafka)?;
     // 100-byte values, keys spread over the partitions.
-    let value = vec![b'x'; 100];
+    let value = [b'x'; 100];
     let mut pending = Vec::with_capacity(100_000);
     for i in 0..total {
         let key = i.to_string();
