@@ -258,7 +258,10 @@ impl KafkaSourceOptions {
             .set("group.id", format!("weir-source-{}", std::process::id()))
             .set("enable.auto.commit", "false")
             .set("enable.auto.offset.store", "false")
-            .set("enable.partition.eof", "false");
+            .set("enable.partition.eof", "false")
+            // librdkafka waits this long before fetching more once its local queue is full
+            // (default 1 s): a batch that reads past one queue-full would stall for it.
+            .set("fetch.queue.backoff.ms", "10");
         for (k, v) in &self.client {
             c.set(k, v);
         }

@@ -144,15 +144,53 @@ pub fn read(
         tpl.add_partition_offset(&r.topic, r.partition, KafkaOffset::Offset(r.start))
             .map_err(|e| client_error("build a partition list", &e))?;
     }
-    consumer
-        .assign(&tpl)
-        .map_err(|e| client_error("assign the batch's partitions", &e))?;
-    // A partition paused when the previous batch reached its end stays paused until resumed.
+    // Partitions stay assigned (and paused) between batches: when every range's partition is
+    // assigned already, seek where the consumer is not at the range's start and resume, which
+    // keeps librdkafka's connections and fetch state warm. Otherwise assign afresh.
+    let assigned = consumer.assignment().ok();
+    let all_assigned = assigned.as_ref().is_some_and(|a| {
+        ranges
+            .iter()
+            .all(|r| a.find_partition(&r.topic, r.partition).is_some())
+    });
+    if all_assigned {
+        let positions = consumer
+            .position()
+            .map_err(|e| client_error("read the consumer's positions", &e))?;
+        for r in ranges {
+            let at = positions
+                .find_partition(&r.topic, r.partition)
+                .map(|e| e.offset());
+            if at != Some(KafkaOffset::Offset(r.start)) {
+                consumer
+                    .seek(
+                        &r.topic,
+                        r.partition,
+                        KafkaOffset::Offset(r.start),
+                        Duration::from_secs(10),
+                    )
+                    .map_err(|e| client_error("seek to the batch's start", &e))?;
+            }
+        }
+    } else {
+        consumer
+            .assign(&tpl)
+            .map_err(|e| client_error("assign the batch's partitions", &e))?;
+    }
+    // Partitions paused when an earlier batch reached their end stay paused until resumed.
     consumer
         .resume(&tpl)
         .map_err(|e| client_error("resume the batch's partitions", &e))?;
+    // librdkafka's broker thread, idle while every partition was paused, notices a resume only
+    // at its next wake-up (up to a second later); a request to the broker wakes it now.
+    if let Some(r) = ranges.first() {
+        let _ = consumer.fetch_watermarks(&r.topic, r.partition, Duration::from_secs(5));
+    }
     let result = poll_all(consumer, schema, ranges, timeout);
-    let _ = consumer.unassign();
+    if result.is_err() {
+        // After a failure, start the next batch from a clean assignment.
+        let _ = consumer.unassign();
+    }
     result
 }
 
