@@ -117,7 +117,9 @@ impl S3Server {
     async fn location(&self, url: &str) -> Location {
         let location = Location::parse_with(url, self.options()).unwrap();
         let started = Instant::now();
-        while location.get("probe").await.is_err() {
+        // A missing bucket answers a GET with 404, which reads as "no such object": listing
+        // tells whether the bucket is there yet.
+        while location.list_all().await.is_err() {
             assert!(
                 started.elapsed() < Duration::from_secs(30),
                 "the bucket did not become readable"
@@ -305,4 +307,77 @@ async fn a_file_source_on_s3_reads_each_landed_file_once_and_archives_it_on_s3()
     assert!(kept.get("_schemas/0").await.unwrap().is_some());
     assert!(ck.get("commits/1").await.unwrap().is_some());
     assert!(ck.get("offsets/2").await.unwrap().is_none());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_s3_a_lease_refuses_a_second_live_run_and_expires_after_a_kill() {
+    let Some(server) = S3Server::start() else {
+        return;
+    };
+    let ck_url = "s3://weir/queries/leased";
+    let weir = |extra: &[&str]| {
+        let mut c = Command::new(env!("CARGO_BIN_EXE_weir"));
+        c.args([
+            "run",
+            "-e",
+            "SELECT value FROM STREAM rate_micro_batch(rowsPerBatch => 10)",
+            "--checkpoint",
+            ck_url,
+        ])
+        .args(extra)
+        .env("WEIR_CHECKPOINT_LEASE_MS", "3000")
+        .stdout(Stdio::null());
+        for (k, v) in server.options() {
+            c.env(k.to_ascii_uppercase(), v);
+        }
+        c
+    };
+    let ck = server.location(ck_url).await;
+    let mut first = weir(&["--trigger", "processingTime=100 milliseconds"])
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let started = Instant::now();
+    while ck.get("commits/0").await.unwrap().is_none() {
+        if let Ok(Some(status)) = first.try_wait() {
+            let mut err = String::new();
+            std::io::Read::read_to_string(&mut first.stderr.take().unwrap(), &mut err).unwrap();
+            panic!("the first run ended ({status}): {err}");
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "the first run never committed"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(ck.get(".weir-lease").await.unwrap().is_some());
+
+    // A second run while the first is live: refused, before it writes anything.
+    let second = weir(&["--max-batches", "1"]).output().unwrap();
+    assert!(!second.status.success());
+    let stderr = String::from_utf8_lossy(&second.stderr);
+    assert!(stderr.contains("CONCURRENT_QUERY"), "{stderr}");
+    assert!(stderr.contains("lease runs until"), "{stderr}");
+
+    // The first is killed: its lease blocks a restart until it expires (3 s here).
+    first.kill().unwrap();
+    first.wait().unwrap();
+    let killed_at = Instant::now();
+    let early = weir(&["--max-batches", "1"]).output().unwrap();
+    assert!(!early.status.success() && killed_at.elapsed() < Duration::from_secs(3));
+    tokio::time::sleep(Duration::from_millis(3500)).await;
+    let late = weir(&["--max-batches", "1"]).output().unwrap();
+    assert!(
+        late.status.success(),
+        "after the lease expired: {}",
+        String::from_utf8_lossy(&late.stderr)
+    );
+    // A clean stop gives the lease back: the next run starts at once.
+    assert!(ck.get(".weir-lease").await.unwrap().is_none());
+    let next = weir(&["--max-batches", "1"]).output().unwrap();
+    assert!(
+        next.status.success(),
+        "{}",
+        String::from_utf8_lossy(&next.stderr)
+    );
 }

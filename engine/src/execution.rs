@@ -302,7 +302,7 @@ impl Execution {
         // Free the checkpoint and the query's slot before anyone waiting sees it stopped, so a
         // restart right after await_termination() is not refused as concurrent. (The state
         // stores close when the run is dropped; a new run uses a local folder of its own.)
-        self.checkpoint.release();
+        self.checkpoint.release().await;
         self.manager.unregister(self.shared.id);
         self.shared.update(|s| {
             s.active = false;

@@ -8,11 +8,13 @@
 //! <checkpoint>/state/_metadata the stateful operators (IDs, names, schemas, fingerprints)
 //! <checkpoint>/state/<op>/<partition>/<store>/   each state store's files
 //! <checkpoint>/.weir-lock      held (flock) by the run that owns the checkpoint (local only)
+//! <checkpoint>/.weir-lease     on an object store: the owning run's lease (see `lease`)
 //! ```
 //!
 //! Every path is built here. What to replay and what to purge are pure functions in
 //! [`recovery`].
 
+mod lease;
 pub mod log;
 pub mod recovery;
 
@@ -52,6 +54,8 @@ pub struct Checkpoint {
     id: Uuid,
     temporary: bool,
     lock: Option<std::fs::File>,
+    /// On an object store: the lease in place of the lock.
+    lease: Option<lease::Lease>,
 }
 
 impl Checkpoint {
@@ -66,7 +70,7 @@ impl Checkpoint {
                     .list_all()
                     .await?
                     .into_iter()
-                    .filter(|p| p != LOCK)
+                    .filter(|p| p != LOCK && p != lease::LEASE)
                     .collect();
                 if !foreign.is_empty() {
                     return Err(Error::user(
@@ -100,11 +104,16 @@ impl Checkpoint {
             }
         };
         let lock = take_lock(&location, id)?;
+        let lease = match location.local_dir() {
+            None => Some(lease::Lease::take(&location, id).await?),
+            Some(_) => None,
+        };
         Ok(Self {
             location,
             id,
             temporary,
             lock,
+            lease,
         })
     }
 
@@ -242,12 +251,14 @@ impl Checkpoint {
 
     /// Writes `offsets/<batch>`, create-only: the fence against a second writer.
     pub async fn write_offsets(&self, batch: u64, entry: &OffsetEntry) -> Result<()> {
+        self.check_lease()?;
         self.create(format!("{OFFSETS}/{batch}"), entry.encode(), batch)
             .await
     }
 
     /// Writes `commits/<batch>`, create-only.
     pub async fn write_commit(&self, batch: u64, entry: &CommitEntry) -> Result<()> {
+        self.check_lease()?;
         self.create(format!("{COMMITS}/{batch}"), entry.encode(), batch)
             .await
     }
@@ -268,8 +279,16 @@ impl Checkpoint {
     }
 
     /// Lets another run take the checkpoint (the run that owns it is ending).
-    pub fn release(&mut self) {
+    pub async fn release(&mut self) {
         self.lock = None;
+        if let Some(lease) = self.lease.take() {
+            lease.release().await;
+        }
+    }
+
+    /// Refuses a write when this run lost the checkpoint's lease.
+    fn check_lease(&self) -> Result<()> {
+        self.lease.as_ref().map_or(Ok(()), lease::Lease::check)
     }
 
     /// Removes a temporary checkpoint from disk.
