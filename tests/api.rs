@@ -414,7 +414,7 @@ async fn unsupported_operations_and_options_are_refused_at_start() {
             "STREAMING_INVALID_OPTION",
         ),
         (
-            "SELECT * FROM STREAM kafka(topic => 'x')",
+            "SELECT * FROM STREAM pulsar(topic => 'x')",
             "DATA_SOURCE_NOT_FOUND",
         ),
         ("SELECT * FROM STREAM nothing_here", "STREAM_NOT_FOUND"),
