@@ -31,6 +31,9 @@ pub struct BenchConfig {
     /// The `kafka` workload: the broker (`host:port`); without it, a Tansu broker is started
     /// on loopback from `$WEIR_TANSU` (see `scripts/test-servers`).
     pub bootstrap_servers: Option<String>,
+    /// The `files` workload: write (or reuse) the input files in this folder and keep them, so
+    /// another engine can read the same files.
+    pub input_dir: Option<std::path::PathBuf>,
 }
 
 /// Summary statistics of a series.
@@ -228,12 +231,18 @@ impl Input {
             "kafka" => Ok(Input::Kafka(crate::bench_inputs::kafka(cfg, total).await?)),
             "files" => {
                 let per_batch = (cfg.partitions as u64 * 2).max(1);
-                let dir = scratch.join("files");
-                crate::bench_inputs::parquet_files(
-                    &dir,
-                    per_batch * (cfg.warmup + cfg.batches),
-                    cfg.rows_per_batch / per_batch,
-                )?;
+                let dir = cfg
+                    .input_dir
+                    .clone()
+                    .unwrap_or_else(|| scratch.join("files"));
+                let present = std::fs::read_dir(&dir).map_or(0, |d| d.count());
+                if present == 0 {
+                    crate::bench_inputs::parquet_files(
+                        &dir,
+                        per_batch * (cfg.warmup + cfg.batches),
+                        cfg.rows_per_batch / per_batch,
+                    )?;
+                }
                 Ok(Input::Files { dir, per_batch })
             }
             _ => Ok(Input::Rate),

@@ -83,6 +83,10 @@ enum Command {
         /// loopback from $WEIR_TANSU.
         #[arg(long)]
         bootstrap_servers: Option<String>,
+        /// The files workload: write the input files here (unless it has files already) and
+        /// keep them, e.g. for Spark to read the same files.
+        #[arg(long)]
+        input_dir: Option<PathBuf>,
     },
 }
 
@@ -206,6 +210,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             async_state_checkpoint,
             min_deltas_for_snapshot,
             bootstrap_servers,
+            input_dir,
         } => {
             let report = run_bench(&BenchConfig {
                 workload,
@@ -216,6 +221,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                 async_state_checkpoint,
                 min_deltas_for_snapshot,
                 bootstrap_servers,
+                input_dir,
             })
             .await?;
             if json {
