@@ -381,3 +381,53 @@ async fn on_s3_a_lease_refuses_a_second_live_run_and_expires_after_a_kill() {
         String::from_utf8_lossy(&next.stderr)
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_parquet_sink_on_s3_is_read_back_through_its_manifest() {
+    let Some(server) = S3Server::start() else {
+        return;
+    };
+    let _ = server.location("s3://weir/sinks").await;
+    let weir = |sql: &str, extra: &[&str]| {
+        let mut c = Command::new(env!("CARGO_BIN_EXE_weir"));
+        c.args(["run", "-e", sql]).args(extra);
+        for (k, v) in server.options() {
+            c.env(k.to_ascii_uppercase(), v);
+        }
+        let out = c.output().unwrap();
+        assert!(
+            out.status.success(),
+            "weir run failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).to_string()
+    };
+    let write = "CREATE STREAMING TABLE evens USING parquet LOCATION 's3://weir/sinks/evens' AS \
+                 SELECT value FROM STREAM rate_micro_batch(rowsPerBatch => 10) WHERE value % 2 = 0";
+    weir(
+        write,
+        &[
+            "--checkpoint",
+            "s3://weir/queries/evens",
+            "--max-batches",
+            "3",
+        ],
+    );
+    weir(
+        write,
+        &[
+            "--checkpoint",
+            "s3://weir/queries/evens",
+            "--max-batches",
+            "2",
+        ],
+    );
+    let sink = server.location("s3://weir/sinks/evens").await;
+    assert!(sink.get("_weir_metadata/4").await.unwrap().is_some());
+    let read = weir(
+        "CREATE EXTERNAL TABLE evens STORED AS PARQUET LOCATION 's3://weir/sinks/evens'; \
+         SELECT count(*) AS n, count(DISTINCT value) AS d, max(value) AS hi FROM evens",
+        &[],
+    );
+    assert!(read.contains("| 25 | 25 | 48 |"), "{read}");
+}

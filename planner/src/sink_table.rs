@@ -55,15 +55,39 @@ impl FileSinkTable {
         Self { location, schema }
     }
 
-    fn listing(&self, manifest: &SinkManifest) -> Result<ListingTable> {
-        let dir = self.location.local_dir().ok_or_else(|| {
-            DataFusionError::NotImplemented("reading a remote file sink directory".into())
-        })?;
-        let urls = manifest
-            .files
-            .iter()
-            .map(|f| ListingTableUrl::parse(dir.join(f).to_string_lossy()))
-            .collect::<Result<Vec<_>>>()?;
+    fn listing(&self, state: &dyn Session, manifest: &SinkManifest) -> Result<ListingTable> {
+        let urls = match self.location.local_dir() {
+            Some(dir) => manifest
+                .files
+                .iter()
+                .map(|f| ListingTableUrl::parse(dir.join(f).to_string_lossy()))
+                .collect::<Result<Vec<_>>>()?,
+            None => {
+                // An object store (S3): DataFusion reads the part files through the sink
+                // location's own client, registered for the bucket's URL.
+                let root = self.location.display();
+                let bucket = root
+                    .split_once("://")
+                    .and_then(|(scheme, rest)| {
+                        let bucket = rest.split('/').next()?;
+                        datafusion::execution::object_store::ObjectStoreUrl::parse(format!(
+                            "{scheme}://{bucket}"
+                        ))
+                        .ok()
+                    })
+                    .ok_or_else(|| {
+                        DataFusionError::Plan(format!("'{root}' is not an object store URL"))
+                    })?;
+                state
+                    .runtime_env()
+                    .register_object_store(bucket.as_ref(), Arc::clone(self.location.store()));
+                manifest
+                    .files
+                    .iter()
+                    .map(|f| ListingTableUrl::parse(format!("{root}/{f}")))
+                    .collect::<Result<Vec<_>>>()?
+            }
+        };
         let format: Arc<dyn DfFileFormat> = match manifest.format {
             FileFormat::Parquet => Arc::new(ParquetFormat::default()),
             FileFormat::Csv => {
@@ -109,7 +133,7 @@ impl TableProvider for FileSinkTable {
     ) -> Result<Arc<dyn ExecutionPlan>> {
         match read_manifest(&self.location).await.map_err(ext)? {
             Some(m) if !m.files.is_empty() => {
-                self.listing(&m)?
+                self.listing(state, &m)?
                     .scan(state, projection, filters, limit)
                     .await
             }
@@ -145,6 +169,15 @@ impl TableProviderFactory for ManifestAwareTableFactory {
         state: &dyn Session,
         cmd: &CreateExternalTable,
     ) -> Result<Arc<dyn TableProvider>> {
+        if let [location] = cmd.locations.as_slice()
+            && location.starts_with("s3://")
+        {
+            // A sink folder on S3 is read through its manifest; anything else goes to
+            // DataFusion, which needs its own object store set up for S3.
+            if let Some(t) = FileSinkTable::try_open(location).await? {
+                return Ok(Arc::new(t));
+            }
+        }
         if let [location] = cmd.locations.as_slice()
             && (!location.contains("://") || location.starts_with("file://"))
             && is_sink_directory(std::path::Path::new(location.trim_start_matches("file://")))

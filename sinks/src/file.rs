@@ -68,7 +68,7 @@ pub struct FileSink {
 }
 
 impl FileSink {
-    /// Opens a file sink writing `format` into `path` (local path or `file://` URL).
+    /// Opens a file sink writing `format` into `path` (a local path, `file://` or `s3://` URL).
     pub fn try_new(format: FileFormat, path: &str, options: &Options) -> Result<Self> {
         let what = format!("{} sink", format.name());
         let r = options.reader(&what, format.accepted_options());
@@ -108,20 +108,6 @@ impl FileSink {
             kept.insert("delimiter".to_string(), (delimiter as char).to_string());
         }
         let location = Location::parse(path)?;
-        if location.local_dir().is_none() {
-            // Checkpoints may live in an object store; a file sink's output is still read back
-            // (as a table, through its manifest) from local paths only.
-            return Err(weir_common::ClassifiedError::new(
-                "UNSUPPORTED_STORAGE_SCHEME",
-                "0A000",
-                format!(
-                    "The file sink cannot write to '{}' yet: its path must be local. \
-                     Checkpoints can already be on s3://.",
-                    location.display()
-                ),
-            )
-            .into());
-        }
         Ok(Self {
             location,
             format,
