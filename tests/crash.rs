@@ -4,16 +4,16 @@
 
 #![expect(
     clippy::unwrap_used,
-    clippy::expect_used,
     reason = "a test fails loudly on any unexpected error"
 )]
 
-use std::io::{BufRead, BufReader};
-use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::Command;
 
 use weir::datafusion::arrow::array::{Array, Int64Array};
 use weir::{StatementResult, WeirSession};
+
+mod support;
+use support::run_and_kill_at;
 
 const ROWS_PER_BATCH: i64 = 50;
 const STAGES: &[&str] = &[
@@ -29,41 +29,6 @@ fn weir(sql: &str, ck: &str, extra: &[&str]) -> Command {
     let mut c = Command::new(env!("CARGO_BIN_EXE_weir"));
     c.args(["run", "-e", sql, "--checkpoint", ck]).args(extra);
     c
-}
-
-/// Runs weir until it reports the pause point, then SIGKILLs it.
-fn run_and_kill_at(sql: &str, ck: &str, stage: &str, batch: u64) {
-    let mut child = weir(sql, ck, &["--max-batches", "1000"])
-        .env("WEIR_TEST_PAUSE_AT", format!("{stage}:{batch}"))
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("start weir");
-    let stderr = child.stderr.take().unwrap();
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-            let _ = tx.send(line);
-        }
-    });
-    let deadline = Instant::now() + Duration::from_secs(60);
-    let mut seen = vec![];
-    loop {
-        match rx.recv_timeout(Duration::from_millis(100)) {
-            Ok(line) if line.starts_with("WEIR_PAUSED") => break,
-            Ok(line) => seen.push(line),
-            Err(_) => {}
-        }
-        if let Ok(Some(status)) = child.try_wait() {
-            panic!("weir exited ({status}) before pausing at {stage}:{batch}: {seen:?}");
-        }
-        assert!(
-            Instant::now() < deadline,
-            "weir never paused at {stage}:{batch}: {seen:?}"
-        );
-    }
-    child.kill().expect("SIGKILL"); // Child::kill sends SIGKILL on Unix.
-    child.wait().unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -12,36 +12,14 @@ use weir::datafusion::arrow::datatypes::{DataType, Field, Schema, TimeUnit};
 use weir::datafusion::prelude::col;
 use weir::{DataFrameStreamExt, StatementResult, StreamingQuery, WeirSession};
 
+mod support;
+use support::text_rows as rows;
+
 /// Writes `name` whole: under a hidden name first, then renamed, as an uploader does.
 fn land(dir: &Path, name: &str, text: &str) {
     let tmp = dir.join(format!(".{name}.tmp"));
     std::fs::write(&tmp, text).unwrap();
     std::fs::rename(tmp, dir.join(name)).unwrap();
-}
-
-async fn rows(session: &WeirSession, sql: &str) -> Vec<String> {
-    let batches = session
-        .context()
-        .sql(sql)
-        .await
-        .unwrap()
-        .collect()
-        .await
-        .unwrap();
-    let mut out = vec![];
-    for b in &batches {
-        for r in 0..b.num_rows() {
-            let cells: Vec<String> = b
-                .columns()
-                .iter()
-                .map(|c| {
-                    weir::datafusion::arrow::util::display::array_value_to_string(c, r).unwrap()
-                })
-                .collect();
-            out.push(cells.join(","));
-        }
-    }
-    out
 }
 
 fn query(r: StatementResult) -> StreamingQuery {

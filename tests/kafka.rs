@@ -16,8 +16,10 @@ use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
 use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{FutureProducer, FutureRecord};
-use weir::datafusion::arrow::util::display::array_value_to_string;
 use weir::{DataFrameStreamExt, WeirSession};
+
+mod support;
+use support::{run_and_kill_at, text_rows as rows};
 
 struct Broker {
     child: Child,
@@ -206,29 +208,6 @@ impl Drop for Broker {
     }
 }
 
-async fn rows(session: &WeirSession, sql: &str) -> Vec<String> {
-    let batches = session
-        .context()
-        .sql(sql)
-        .await
-        .unwrap()
-        .collect()
-        .await
-        .unwrap();
-    let mut out = vec![];
-    for b in &batches {
-        for r in 0..b.num_rows() {
-            let cells: Vec<String> = b
-                .columns()
-                .iter()
-                .map(|c| array_value_to_string(c, r).unwrap())
-                .collect();
-            out.push(cells.join(","));
-        }
-    }
-    out
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_kafka_source_reads_sparks_columns_by_offset_ranges_and_resumes_from_the_checkpoint() {
     let Some(broker) = Broker::start() else {
@@ -396,52 +375,6 @@ async fn the_kafka_sink_sends_value_key_headers_and_topic_columns() {
     q.stop().await;
     assert_eq!(broker.read_all("out_a"), vec!["k2|2!|h=2"]);
     assert_eq!(broker.read_all("out_b"), vec!["k1|1!|h=1", "k3|3!|h=3"]);
-}
-
-/// Runs `weir run -e sql` until it pauses at `stage` of `batch` (WEIR_TEST_PAUSE_AT), then
-/// SIGKILLs it.
-fn run_and_kill_at(sql: &str, ck: &str, stage: &str, batch: u64) {
-    use std::io::{BufRead, BufReader};
-    let mut child = Command::new(env!("CARGO_BIN_EXE_weir"))
-        .args([
-            "run",
-            "-e",
-            sql,
-            "--checkpoint",
-            ck,
-            "--max-batches",
-            "1000",
-        ])
-        .env("WEIR_TEST_PAUSE_AT", format!("{stage}:{batch}"))
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let stderr = child.stderr.take().unwrap();
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-            let _ = tx.send(line);
-        }
-    });
-    let deadline = Instant::now() + Duration::from_secs(60);
-    let mut seen = vec![];
-    loop {
-        match rx.recv_timeout(Duration::from_millis(100)) {
-            Ok(line) if line.starts_with("WEIR_PAUSED") => break,
-            Ok(line) => seen.push(line),
-            Err(_) => {}
-        }
-        if let Ok(Some(status)) = child.try_wait() {
-            panic!("weir exited ({status}) before pausing at {stage}:{batch}: {seen:?}");
-        }
-        assert!(
-            Instant::now() < deadline,
-            "never paused at {stage}:{batch}: {seen:?}"
-        );
-    }
-    child.kill().unwrap();
-    child.wait().unwrap();
 }
 
 /// Every stage of the loop but `sink_mid` (inside the sink's open transaction): Tansu 0.6 shows

@@ -54,6 +54,21 @@ impl Options {
         self.entries.values().map(|(k, v)| (k.as_str(), v.as_str()))
     }
 
+    /// Splits off the options whose key starts with `prefix` (in any case), e.g. a client's
+    /// `kafka.*` or `aws_*` settings: those `(key as given, value)` pairs, and the rest.
+    pub fn split_prefixed(&self, prefix: &str) -> (Vec<(String, String)>, Options) {
+        let prefix = prefix.to_ascii_lowercase();
+        let (with, without): (Vec<_>, Vec<_>) = self
+            .iter()
+            .partition(|(k, _)| k.to_ascii_lowercase().starts_with(&prefix));
+        (
+            with.into_iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+            without.into_iter().collect(),
+        )
+    }
+
     /// True when no option is set.
     pub fn is_empty(&self) -> bool {
         self.entries.is_empty()

@@ -80,10 +80,7 @@ fn invalid(message: String) -> Error {
 impl KafkaSinkOptions {
     /// Reads the sink's options.
     pub fn try_new(options: &Options) -> Result<Self> {
-        let (client, own): (Vec<_>, Vec<_>) = options
-            .iter()
-            .partition(|(k, _)| k.to_ascii_lowercase().starts_with("kafka."));
-        let own: Options = own.into_iter().collect();
+        let (client, own) = options.split_prefixed("kafka.");
         let r = own.reader("kafka sink", ACCEPTED);
         r.check_known()?;
         let mut bootstrap = None;
@@ -92,7 +89,7 @@ impl KafkaSinkOptions {
         for (k, v) in client {
             let key = &k["kafka.".len()..];
             if key.eq_ignore_ascii_case("bootstrap.servers") {
-                bootstrap = Some(v.to_string());
+                bootstrap = Some(v);
             } else if key.eq_ignore_ascii_case("timeoutMs") {
                 timeout = Duration::from_millis(v.trim().parse().map_err(|_| {
                     invalid(format!(
@@ -106,7 +103,7 @@ impl KafkaSinkOptions {
                         .into(),
                 ));
             } else {
-                rest.push((key.to_string(), v.to_string()));
+                rest.push((key.to_string(), v));
             }
         }
         let delivery = match own

@@ -138,10 +138,7 @@ impl FileSourceOptions {
             .chain(if format == FileFormat::Csv { CSV } else { &[] })
             .copied()
             .collect();
-        let (storage, own): (Vec<_>, Vec<_>) = options
-            .iter()
-            .partition(|(k, _)| k.to_ascii_lowercase().starts_with("aws_"));
-        let own: Options = own.into_iter().collect();
+        let (storage, own) = options.split_prefixed("aws_");
         let r = own.reader(&what, &accepted);
         r.check_known()?;
         let path = r.required("path")?;
@@ -254,10 +251,7 @@ impl FileSourceOptions {
                 .unwrap_or_else(|| "_corrupt_record".to_string()),
             csv,
             schema_location: r.string("schemaLocation"),
-            storage: storage
-                .into_iter()
-                .map(|(k, v)| (k.to_string(), v.to_string()))
-                .collect(),
+            storage,
             path,
         })
     }

@@ -131,10 +131,7 @@ fn bad(message: String) -> Error {
 impl KafkaSourceOptions {
     /// Reads Spark's Kafka source options.
     pub fn try_new(options: &Options) -> Result<Self> {
-        let (client, own): (Vec<_>, Vec<_>) = options
-            .iter()
-            .partition(|(k, _)| k.to_ascii_lowercase().starts_with("kafka."));
-        let own: Options = own.into_iter().collect();
+        let (client, own) = options.split_prefixed("kafka.");
         let r = own.reader("kafka source", ACCEPTED);
         r.check_known()?;
         let mut bootstrap = None;
@@ -142,7 +139,7 @@ impl KafkaSourceOptions {
         for (k, v) in client {
             let key = k["kafka.".len()..].to_string();
             if key.eq_ignore_ascii_case("bootstrap.servers") {
-                bootstrap = Some(v.to_string());
+                bootstrap = Some(v);
             } else if REFUSED_CLIENT.iter().any(|r| r.eq_ignore_ascii_case(&key)) {
                 return Err(bad(format!(
                     "Kafka option '{k}' is not supported: weir keeps the source's offsets in the \
@@ -150,7 +147,7 @@ impl KafkaSourceOptions {
                      where a new query starts."
                 )));
             } else {
-                rest.push((key, v.to_string()));
+                rest.push((key, v));
             }
         }
         let bootstrap_servers = bootstrap.ok_or_else(|| {

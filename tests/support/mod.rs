@@ -1,0 +1,83 @@
+//! Helpers shared by the integration tests (each test file includes this module).
+
+#![allow(
+    dead_code,
+    clippy::expect_used,
+    reason = "each test crate uses only some of the helpers; a test fails loudly on any error"
+)]
+
+use std::io::{BufRead, BufReader};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use weir::WeirSession;
+use weir::datafusion::arrow::util::display::array_value_to_string;
+
+/// Runs `weir run -e sql --checkpoint ck` until it reports the pause point `stage` of `batch`
+/// (`WEIR_TEST_PAUSE_AT`), then SIGKILLs it.
+pub fn run_and_kill_at(sql: &str, ck: &str, stage: &str, batch: u64) {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_weir"))
+        .args([
+            "run",
+            "-e",
+            sql,
+            "--checkpoint",
+            ck,
+            "--max-batches",
+            "1000",
+        ])
+        .env("WEIR_TEST_PAUSE_AT", format!("{stage}:{batch}"))
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start weir");
+    let stderr = child.stderr.take().expect("piped stderr");
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            let _ = tx.send(line);
+        }
+    });
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut seen = vec![];
+    loop {
+        match rx.recv_timeout(Duration::from_millis(100)) {
+            Ok(line) if line.starts_with("WEIR_PAUSED") => break,
+            Ok(line) => seen.push(line),
+            Err(_) => {}
+        }
+        if let Ok(Some(status)) = child.try_wait() {
+            panic!("weir exited ({status}) before pausing at {stage}:{batch}: {seen:?}");
+        }
+        assert!(
+            Instant::now() < deadline,
+            "weir never paused at {stage}:{batch}: {seen:?}"
+        );
+    }
+    child.kill().expect("SIGKILL"); // Child::kill sends SIGKILL on Unix.
+    child.wait().expect("reap weir");
+}
+
+/// The rows of batch SQL `sql`, each as its cells' text joined by commas.
+pub async fn text_rows(session: &WeirSession, sql: &str) -> Vec<String> {
+    let batches = session
+        .context()
+        .sql(sql)
+        .await
+        .expect("plan the query")
+        .collect()
+        .await
+        .expect("run the query");
+    let mut out = vec![];
+    for b in &batches {
+        for r in 0..b.num_rows() {
+            let cells: Vec<String> = b
+                .columns()
+                .iter()
+                .map(|c| array_value_to_string(c, r).expect("display a cell"))
+                .collect();
+            out.push(cells.join(","));
+        }
+    }
+    out
+}
