@@ -437,7 +437,10 @@ fn last_committed(options: &KafkaSinkOptions, query_id: &str) -> Result<Option<u
     let mut c = options.config();
     c.set("group.id", format!("weir-sink-{query_id}"))
         .set("enable.auto.commit", "false")
-        .set("isolation.level", "read_committed");
+        .set("isolation.level", "read_committed")
+        // The sink's kafka.* options are meant for its producer: a consumer warns about each
+        // producer-only one.
+        .set_log_level(rdkafka::config::RDKafkaLogLevel::Error);
     let consumer: BaseConsumer = c
         .create()
         .map_err(|e| client_error("create the marker reader", &e))?;
