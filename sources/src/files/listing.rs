@@ -192,12 +192,31 @@ impl Listing {
     /// that is already gone is skipped.
     pub async fn clean(&self, f: &FileMeta, archive: Option<&Location>) -> Result<()> {
         let from = self.object(f);
-        let result = match archive {
-            None => self.root.store().delete(&from).await,
-            Some(dir) if std::sync::Arc::ptr_eq(dir.store(), self.root.store()) => {
-                self.root.store().rename(&from, &dir.path(&f.path)).await
+        let result = match (
+            archive,
+            self.root.local_dir(),
+            archive.and_then(Location::local_dir),
+        ) {
+            (None, ..) => self.root.store().delete(&from).await,
+            // Both on the local disk: a rename, not a copy.
+            (Some(_), Some(src), Some(dst)) => {
+                let (src, dst) = (src.join(&f.path), dst.join(&f.path));
+                let moved = async {
+                    if let Some(parent) = dst.parent() {
+                        tokio::fs::create_dir_all(parent).await?;
+                    }
+                    tokio::fs::rename(&src, &dst).await
+                };
+                match moved.await {
+                    Ok(()) => Ok(()),
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+                    Err(e) => Err(object_store::Error::Generic {
+                        store: "LocalFileSystem",
+                        source: Box::new(e),
+                    }),
+                }
             }
-            Some(dir) => match self.root.store().get(&from).await {
+            (Some(dir), ..) => match self.root.store().get(&from).await {
                 Ok(r) => {
                     let bytes = r.bytes().await?;
                     dir.put(&f.path, bytes).await?;

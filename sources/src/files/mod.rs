@@ -46,6 +46,9 @@ use crate::{
     Error, MicroBatchStream, Offset, Partitions, ReadLimit, Result, SourceContext, SourceProvider,
 };
 
+/// The source's record of how far cleanSource got, in its checkpoint folder.
+const CLEANED: &str = "cleaned";
+
 /// Options every file format accepts.
 const COMMON: &[&str] = &[
     "path",
@@ -372,6 +375,14 @@ impl SourceProvider for FileSourceProvider {
     async fn open(&self, ctx: SourceContext) -> Result<Box<dyn MicroBatchStream>> {
         self.check_recorded_schema(&ctx.metadata).await?;
         let listing = Arc::new(Listing::new(&self.options)?);
+        // How far cleanSource got, so a restart does not visit every file ever read again.
+        let cleaned_through = match ctx.metadata.get(CLEANED).await? {
+            Some(b) => std::str::from_utf8(&b)
+                .ok()
+                .and_then(|t| t.trim().parse().ok()),
+            None => None,
+        };
+        let metadata = ctx.metadata.clone();
         let log = SourceLog::open(ctx.metadata).await?;
         let clean_to = match &self.options.clean_source {
             CleanSource::Off => None,
@@ -394,7 +405,8 @@ impl SourceProvider for FileSourceProvider {
             seen,
             newest,
             clean_to,
-            cleaned_through: None,
+            cleaned_through,
+            metadata,
             available_now: None,
             latest: None,
         }))
@@ -406,11 +418,11 @@ impl FileSourceProvider {
         let file = format!("{}/schema", dir.display());
         let recorded = match dir.get("schema").await? {
             None => None,
-            Some(bytes) => Some(RecordedSchema::new(&RecordedSchema::parse(&bytes, &file)?)),
+            Some(bytes) => Some(RecordedSchema::parse(&bytes, &file)?),
         };
-        let ours = RecordedSchema::new(&self.schema);
+        let ddl = |s: &Schema| to_ddl(s).unwrap_or_else(|| "(no DDL form)".into());
         match recorded {
-            Some(r) if r.schema == *self.schema => return Ok(()),
+            Some(r) if r == *self.schema => return Ok(()),
             Some(r) if !self.schema_given => {
                 return Err(Error::User(ClassifiedError::new(
                     "STREAMING_SOURCE_SCHEMA_CHANGED",
@@ -421,8 +433,8 @@ impl FileSourceProvider {
                          with the source's `schema` option to keep reading with it, or use a new \
                          checkpoint location to start over with the new one.",
                         self.options.path,
-                        ours.ddl.as_deref().unwrap_or("(no DDL form)"),
-                        r.ddl.as_deref().unwrap_or("(no DDL form)"),
+                        ddl(&self.schema),
+                        ddl(&r),
                         dir.display()
                     ),
                 )));
@@ -433,7 +445,8 @@ impl FileSourceProvider {
             ),
             None => {}
         }
-        dir.put("schema", ours.json()?.into()).await?;
+        dir.put("schema", RecordedSchema::new(&self.schema).json()?.into())
+            .await?;
         Ok(())
     }
 }
@@ -471,7 +484,10 @@ struct FileStream {
     newest: i64,
     /// `Some(None)`: delete committed files; `Some(Some(dir))`: move them there.
     clean_to: Option<Option<Location>>,
+    /// The last log entry whose files cleanSource handled (kept in `sources/<i>/cleaned`).
     cleaned_through: Option<i64>,
+    /// The source's folder in the checkpoint.
+    metadata: Location,
     /// With the available-now trigger: the files that may still be read.
     available_now: Option<HashSet<String>>,
     latest: Option<Offset>,
@@ -620,14 +636,18 @@ impl MicroBatchStream for FileStream {
             return Ok(());
         };
         let end = FileOffset::from(end)?.log_offset;
-        // After a restart, entries committed by an earlier run may not be cleaned yet: a file
+        // Entries a killed run committed but did not finish cleaning are cleaned again: a file
         // already moved or deleted is skipped.
         let from = self.cleaned_through.map_or(0, |c| c + 1);
+        if from > end {
+            return Ok(());
+        }
         for n in from..=end {
             for f in self.log.entry(n).await?.unwrap_or_default() {
                 self.listing.clean(&f, archive.as_ref()).await?;
             }
         }
+        self.metadata.put(CLEANED, end.to_string().into()).await?;
         self.cleaned_through = Some(end);
         Ok(())
     }

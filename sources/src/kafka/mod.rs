@@ -35,6 +35,9 @@ use crate::{
 /// Offsets by topic and partition.
 pub type PartitionOffsets = BTreeMap<String, BTreeMap<i32, i64>>;
 
+/// Low and high watermarks by (topic, partition).
+type Watermarks = BTreeMap<(String, i32), (i64, i64)>;
+
 /// Which partitions the source reads.
 #[derive(Debug, Clone)]
 pub enum Strategy {
@@ -351,6 +354,7 @@ impl SourceProvider for KafkaSourceProvider {
             initial: PartitionOffsets::new(),
             first_held_back: None,
             target: None,
+            last_partitions: None,
             latest: None,
         };
         stream.initial = stream.initial_offsets(&ctx.metadata).await?;
@@ -367,6 +371,9 @@ struct KafkaStream {
     first_held_back: Option<Instant>,
     /// With the available-now trigger: the end offsets at its start.
     target: Option<PartitionOffsets>,
+    /// The partitions and watermarks `latest_offset` just read, for the `get_batch` that
+    /// follows it (a replay after a restart reads them afresh).
+    last_partitions: Option<Watermarks>,
     latest: Option<Offset>,
 }
 
@@ -381,7 +388,7 @@ const METADATA_TIMEOUT: Duration = Duration::from_secs(30);
 
 impl KafkaStream {
     /// Every partition the strategy selects now, with its low and high watermarks.
-    async fn partitions(&self) -> Result<BTreeMap<(String, i32), (i64, i64)>> {
+    async fn partitions(&self) -> Result<Watermarks> {
         let consumer = Arc::clone(&self.consumer);
         let strategy = self.options.strategy.clone();
         blocking(move || {
@@ -466,7 +473,7 @@ impl KafkaStream {
 
     async fn offsets_for_time(
         &self,
-        parts: &BTreeMap<(String, i32), (i64, i64)>,
+        parts: &Watermarks,
         ts: i64,
     ) -> Result<BTreeMap<(String, i32), i64>> {
         let consumer = Arc::clone(&self.consumer);
@@ -573,6 +580,7 @@ impl MicroBatchStream for KafkaStream {
     async fn latest_offset(&mut self, start: &Offset, limit: ReadLimit) -> Result<Offset> {
         let start = offsets_of(start)?;
         let parts = self.partitions().await?;
+        self.last_partitions = Some(parts.clone());
         for (topic, ps) in &start {
             for p in ps.keys() {
                 if !parts.contains_key(&(topic.clone(), *p)) {
@@ -639,7 +647,10 @@ impl MicroBatchStream for KafkaStream {
 
     async fn get_batch(&mut self, start: &Offset, end: &Offset) -> Result<Partitions> {
         let (start, end) = (offsets_of(start)?, offsets_of(end)?);
-        let parts = self.partitions().await?;
+        let parts = match self.last_partitions.take() {
+            Some(p) => p,
+            None => self.partitions().await?,
+        };
         let mut ranges = vec![];
         for (topic, ps) in &end {
             for (p, e) in ps {
