@@ -165,6 +165,22 @@ fn workload_sql(cfg: &BenchConfig, input: &Input) -> Result<String> {
             )),
             _ => Err(Error::Internal("the files workload has no files".into())),
         },
+        "files-delta" => match input {
+            Input::Files {
+                dir,
+                per_batch,
+                out,
+            } => Ok(format!(
+                "CREATE STREAMING TABLE bench USING delta LOCATION '{}' \
+                 OPTIONS (outputMode 'complete') AS \
+                 SELECT k, count(*) AS n, sum(v) AS total \
+                 FROM STREAM read_files('{}', format => 'parquet', maxFilesPerTrigger => \
+                 {per_batch}) GROUP BY k",
+                out.display(),
+                dir.display()
+            )),
+            _ => Err(Error::Internal("the files workload has no files".into())),
+        },
         other => Err(Error::user(
             "UNKNOWN_BENCH_WORKLOAD",
             "42601",
@@ -174,7 +190,8 @@ fn workload_sql(cfg: &BenchConfig, input: &Input) -> Result<String> {
                  (deduplication on value % 100000), q5 (stream-stream inner join with \
                  watermarks and a time range; run it with --rows-per-batch 100000 as Spark's), \
                  kafka (Kafka source into noop; records produced first), files (Parquet files \
-                 into GROUP BY, update mode; files written first)."
+                 into GROUP BY, update mode; files written first), files-delta (the same \
+                 aggregation into a Delta table, complete mode)."
             ),
         )),
     }
@@ -221,6 +238,7 @@ enum Input {
     Files {
         dir: std::path::PathBuf,
         per_batch: u64,
+        out: std::path::PathBuf,
     },
 }
 
@@ -229,7 +247,7 @@ impl Input {
         let total = cfg.rows_per_batch * (cfg.warmup + cfg.batches);
         match cfg.workload.to_ascii_lowercase().as_str() {
             "kafka" => Ok(Input::Kafka(crate::bench_inputs::kafka(cfg, total).await?)),
-            "files" => {
+            "files" | "files-delta" => {
                 let per_batch = (cfg.partitions as u64 * 2).max(1);
                 let dir = cfg
                     .input_dir
@@ -243,7 +261,11 @@ impl Input {
                         cfg.rows_per_batch / per_batch,
                     )?;
                 }
-                Ok(Input::Files { dir, per_batch })
+                Ok(Input::Files {
+                    dir,
+                    per_batch,
+                    out: scratch.join("delta"),
+                })
             }
             _ => Ok(Input::Rate),
         }

@@ -431,3 +431,67 @@ async fn a_parquet_sink_on_s3_is_read_back_through_its_manifest() {
     );
     assert!(read.contains("| 25 | 25 | 48 |"), "{read}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_delta_table_on_s3_is_written_exactly_once_and_streamed_into_another() {
+    let Some(server) = S3Server::start() else {
+        return;
+    };
+    let _ = server.location("s3://weir/delta").await;
+    let weir = |sql: &str, extra: &[&str]| {
+        let mut c = Command::new(env!("CARGO_BIN_EXE_weir"));
+        c.args(["run", "-e", sql]).args(extra);
+        for (k, v) in server.options() {
+            c.env(k.to_ascii_uppercase(), v);
+        }
+        let out = c.output().unwrap();
+        assert!(
+            out.status.success(),
+            "weir run failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).to_string()
+    };
+    let write = "CREATE STREAMING TABLE evens USING delta LOCATION 's3://weir/delta/evens' AS \
+                 SELECT value FROM STREAM rate_micro_batch(rowsPerBatch => 10) WHERE value % 2 = 0";
+    for batches in ["3", "2"] {
+        weir(
+            write,
+            &[
+                "--checkpoint",
+                "s3://weir/queries/delta-evens",
+                "--max-batches",
+                batches,
+            ],
+        );
+    }
+    // A second streaming table reads the first from S3, to the end of what is there now.
+    let copy = "CREATE STREAMING TABLE copy USING delta LOCATION 's3://weir/delta/copy' AS \
+                SELECT value FROM STREAM delta(path => 's3://weir/delta/evens')";
+    weir(
+        copy,
+        &[
+            "--checkpoint",
+            "s3://weir/queries/delta-copy",
+            "--trigger",
+            "availableNow",
+        ],
+    );
+    let table = server.location("s3://weir/delta/evens").await;
+    assert!(
+        table
+            .get("_delta_log/00000000000000000005.json")
+            .await
+            .unwrap()
+            .is_some(),
+        "one commit per batch after the table's creation"
+    );
+    let read = weir(
+        "CREATE EXTERNAL TABLE evens STORED AS DELTA LOCATION 's3://weir/delta/evens'; \
+         CREATE EXTERNAL TABLE copy STORED AS DELTA LOCATION 's3://weir/delta/copy'; \
+         SELECT count(*) AS n, count(DISTINCT value) AS d, max(value) AS hi FROM evens \
+         UNION ALL SELECT count(*), count(DISTINCT value), max(value) FROM copy",
+        &[],
+    );
+    assert_eq!(read.matches("| 25 | 25 | 48 |").count(), 2, "{read}");
+}

@@ -2,6 +2,8 @@
 //! options with typed parsing, Spark-style duration strings, and storage locations (checkpoints
 //! and file sinks) on `object_store` with create-only writes.
 
+#[cfg(feature = "delta")]
+pub mod delta;
 pub mod duration;
 pub mod error;
 pub mod failpoint;

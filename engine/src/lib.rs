@@ -8,6 +8,8 @@
 //! plan's streaming tables → DataFusion physical plan → sink → commit → progress event.
 
 pub mod checkpoint;
+#[cfg(feature = "delta")]
+pub mod delta_table;
 mod error;
 mod execution;
 mod listener;

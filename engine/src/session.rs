@@ -135,6 +135,11 @@ impl WeirSession {
                     );
                 }
             }
+            #[cfg(feature = "delta")]
+            factories.insert(
+                "DELTA".to_string(),
+                Arc::new(crate::delta_table::DeltaTableFactory) as Arc<dyn TableProviderFactory>,
+            );
             let ctx = SessionContext::new_with_state(state);
             ctx.register_udf(weir_planner::window::window_udf());
             ctx.register_udf(weir_planner::session_window::session_window_udf());
@@ -800,9 +805,8 @@ impl DataStreamWriter {
             shared: Arc::clone(&shared),
             task: Arc::new(Mutex::new(None)),
         };
-        let registered =
-            register_sink_table(&inner.ctx, &sink, self.query_name.as_deref(), &schema)
-                .and_then(|()| inner.manager.register(&query));
+        let registered = register_sink_table(&inner, &sink, self.query_name.as_deref(), &schema)
+            .and_then(|()| inner.manager.register(&query));
         if let Err(e) = registered {
             checkpoint.delete_if_temporary();
             return Err(e);
@@ -877,11 +881,12 @@ async fn check_state(
 /// Makes a memory sink's table, or a named file sink's output, queryable in the session under
 /// the query's name.
 fn register_sink_table(
-    ctx: &SessionContext,
+    inner: &SessionInner,
     sink: &Arc<dyn Sink>,
     query_name: Option<&str>,
     schema: &SchemaRef,
 ) -> Result<()> {
+    let ctx = &inner.ctx;
     if let Some(mem) = sink.as_any().downcast_ref::<MemorySink>() {
         let table = MemorySinkTable::new(mem.data());
         let _ = ctx.deregister_table(mem.name());
@@ -891,6 +896,23 @@ fn register_sink_table(
         let table = FileSinkTable::new(file.location().clone(), Arc::clone(schema));
         let _ = ctx.deregister_table(name);
         ctx.register_table(name, Arc::new(table))?;
+    }
+    // A Delta streaming table: its name reads the table in batch SQL, and `STREAM name` streams
+    // its commits (one streaming table feeding the next).
+    #[cfg(feature = "delta")]
+    if let (Some(d), Some(name)) = (
+        sink.as_any().downcast_ref::<weir_sinks::delta::DeltaSink>(),
+        query_name,
+    ) {
+        let table = crate::delta_table::DeltaLatestTable::new(
+            d.url().clone(),
+            d.storage_options().clone(),
+            Arc::clone(schema),
+        );
+        let _ = ctx.deregister_table(name);
+        ctx.register_table(name, Arc::new(table))?;
+        let source = inner.catalog.create_source("delta", &d.source_options())?;
+        inner.catalog.register_stream(name, source);
     }
 
     Ok(())

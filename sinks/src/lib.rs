@@ -8,6 +8,8 @@
 //! concrete sink, except the foreach-batch sink, which takes a Rust closure.
 
 mod console;
+#[cfg(feature = "delta")]
+pub mod delta;
 mod error;
 mod file;
 mod foreach;

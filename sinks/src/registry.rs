@@ -108,6 +108,17 @@ impl SinkRegistry {
                 Ok(Arc::new(crate::kafka::KafkaSink::try_new(&s.options, &s.schema)?) as _)
             }),
         );
+        #[cfg(feature = "delta")]
+        r.register(
+            "delta",
+            Arc::new(|s: &SinkSpec| {
+                Ok(Arc::new(crate::delta::DeltaSink::try_new(
+                    &s.options,
+                    &s.schema,
+                    s.output_mode,
+                )?) as _)
+            }),
+        );
         r
     }
 

@@ -9,6 +9,8 @@
 //! Sources are found by format name in a [`SourceRegistry`]; nothing outside this crate names a
 //! concrete source.
 
+#[cfg(feature = "delta")]
+pub mod delta;
 mod error;
 pub mod files;
 #[cfg(feature = "kafka")]

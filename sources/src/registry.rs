@@ -73,6 +73,13 @@ impl SourceRegistry {
                 Ok(Arc::new(crate::kafka::KafkaSourceProvider::try_new(o)?) as _)
             }),
         );
+        #[cfg(feature = "delta")]
+        r.register(
+            "delta",
+            Arc::new(|o: &Options| {
+                Ok(Arc::new(crate::delta::DeltaSourceProvider::try_new(o)?) as _)
+            }),
+        );
         r.register(
             "read-files",
             Arc::new(|o: &Options| Ok(Arc::new(FileSourceProvider::read_files(o)?) as _)),

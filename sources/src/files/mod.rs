@@ -41,6 +41,8 @@ pub use ddl::{parse_ddl, to_ddl};
 use listing::{FileMeta, Listing};
 use log::SourceLog;
 pub use read::{CsvOptions, FileFormat, Mode};
+#[cfg(feature = "delta")]
+pub(crate) use read::{conform, failed_read};
 
 use crate::{
     Error, MicroBatchStream, Offset, Partitions, ReadLimit, Result, SourceContext, SourceProvider,

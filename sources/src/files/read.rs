@@ -365,7 +365,7 @@ fn truncate(s: &str, n: usize) -> String {
     }
 }
 
-fn failed_read(path: &str, e: impl std::fmt::Display) -> Error {
+pub(crate) fn failed_read(path: &str, e: impl std::fmt::Display) -> Error {
     Error::User(ClassifiedError::new(
         "FAILED_READ_FILE",
         "KD001",
@@ -384,28 +384,40 @@ fn read_parquet(schema: &SchemaRef, path: &str, bytes: Bytes) -> Result<Vec<Reco
     let mut out = vec![];
     for batch in reader {
         let batch = batch.map_err(|e| failed_read(path, e))?;
-        let columns = schema
-            .fields()
-            .iter()
-            .map(|f| match batch.column_by_name(f.name()) {
-                None => Ok(new_null_array(f.data_type(), batch.num_rows())),
-                Some(c) if c.data_type() == f.data_type() => Ok(Arc::clone(c)),
-                Some(c) => cast(c, f.data_type()).map_err(|e| {
-                    failed_read(
-                        path,
-                        format!(
-                            "its column '{}' of type {} cannot be read as {}: {e}",
-                            f.name(),
-                            c.data_type(),
-                            f.data_type()
-                        ),
-                    )
-                }),
-            })
-            .collect::<Result<Vec<_>>>()?;
-        out.push(RecordBatch::try_new(Arc::clone(schema), columns)?);
+        out.push(conform(schema, &batch, path)?);
     }
     Ok(out)
+}
+
+/// `batch` with its columns matched to `schema` by name: missing ones null, others cast. A
+/// column that cannot be cast fails with `FAILED_READ_FILE` naming `path`.
+pub(crate) fn conform(schema: &SchemaRef, batch: &RecordBatch, path: &str) -> Result<RecordBatch> {
+    let columns = schema
+        .fields()
+        .iter()
+        .map(|f| match batch.column_by_name(f.name()) {
+            None => Ok(new_null_array(f.data_type(), batch.num_rows())),
+            Some(c) if c.data_type() == f.data_type() => Ok(Arc::clone(c)),
+            Some(c) => cast(c, f.data_type()).map_err(|e| {
+                failed_read(
+                    path,
+                    format!(
+                        "its column '{}' of type {} cannot be read as {}: {e}",
+                        f.name(),
+                        c.data_type(),
+                        f.data_type()
+                    ),
+                )
+            }),
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let options =
+        arrow::record_batch::RecordBatchOptions::new().with_row_count(Some(batch.num_rows()));
+    Ok(RecordBatch::try_new_with_options(
+        Arc::clone(schema),
+        columns,
+        &options,
+    )?)
 }
 
 /// The schema of a source without a `schema` option: the one kept at `schemaLocation`, or

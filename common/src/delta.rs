@@ -1,0 +1,163 @@
+//! What the Delta Lake source and sink share: resolving a table's location to the URL delta-rs
+//! takes, its storage options, opening the table, and turning delta-rs errors into classified
+//! ones.
+
+use std::collections::HashMap;
+use std::future::Future;
+
+use deltalake::{DeltaTable, DeltaTableError};
+use url::Url;
+
+use crate::{ClassifiedError, Options};
+
+/// The table's location as a URL: `s3://...` and `file://...` as given, a local path made
+/// absolute (and, with `create`, created, as delta-rs needs the folder to exist).
+pub fn table_url(path: &str, create: bool) -> Result<Url, ClassifiedError> {
+    let trimmed = path.trim();
+    if trimmed.is_empty() {
+        return Err(ClassifiedError::new(
+            "INVALID_EMPTY_LOCATION",
+            "42K05",
+            "An empty path was given for a Delta table; name its folder.",
+        ));
+    }
+    let local = match trimmed.strip_prefix("file://") {
+        Some(rest) => rest,
+        None if trimmed.starts_with("s3://") => {
+            return Url::parse(trimmed).map_err(|e| {
+                ClassifiedError::invalid_option(format!(
+                    "'{trimmed}' is not a valid s3:// URL: {e}."
+                ))
+            });
+        }
+        None if trimmed.contains("://") => {
+            return Err(ClassifiedError::new(
+                "UNSUPPORTED_STORAGE_SCHEME",
+                "0A000",
+                format!(
+                    "The storage scheme of '{trimmed}' is not supported for Delta tables; use a \
+                     local path, a file:// URL or an s3:// URL."
+                ),
+            ));
+        }
+        None => trimmed,
+    };
+    let abs = std::path::absolute(local).map_err(|e| cannot_access(local, e))?;
+    if create {
+        std::fs::create_dir_all(&abs).map_err(|e| cannot_access(local, e))?;
+    }
+    Url::from_directory_path(&abs).map_err(|()| {
+        ClassifiedError::invalid_option(format!("'{}' is not a usable folder.", abs.display()))
+    })
+}
+
+fn cannot_access(path: &str, e: std::io::Error) -> ClassifiedError {
+    ClassifiedError::new(
+        "CANNOT_ACCESS_PATH",
+        "58030",
+        format!("Cannot use the folder '{path}' for a Delta table: {e}."),
+    )
+}
+
+/// Splits the storage client's `aws_*` options (object_store's `AmazonS3ConfigKey` names, which
+/// take precedence over the `AWS_*` environment) from the connector's own.
+pub fn storage_options(options: &Options) -> (HashMap<String, String>, Options) {
+    let (storage, own) = options.split_prefixed("aws_");
+    (
+        storage
+            .into_iter()
+            .map(|(k, v)| (k.to_ascii_lowercase(), v))
+            .collect(),
+        own,
+    )
+}
+
+/// Opens the table at `url`, loaded at its latest version; a folder without a table gives an
+/// uninitialised table (`version()` is `None`).
+pub async fn open(
+    url: &Url,
+    storage: &HashMap<String, String>,
+) -> Result<DeltaTable, ClassifiedError> {
+    if let Ok(dir) = url.to_file_path()
+        && url.scheme() == "file"
+        && !dir.exists()
+    {
+        return Err(ClassifiedError::new(
+            "DELTA_MISSING_DELTA_TABLE",
+            "42P01",
+            format!("There is no Delta table at {url}: the folder does not exist."),
+        ));
+    }
+    DeltaTable::try_from_url_with_storage_options(url.clone(), storage.clone())
+        .await
+        .map_err(|e| error(e, &format!("open the Delta table at {url}")))
+}
+
+/// A delta-rs error as a classified one; `doing` says what weir was doing ("write batch 3 to
+/// the Delta table at ...").
+pub fn error(e: DeltaTableError, doing: &str) -> ClassifiedError {
+    let (class, sqlstate, hint) = match &e {
+        DeltaTableError::NotATable(_) => (
+            "DELTA_MISSING_DELTA_TABLE",
+            "42P01",
+            " Check the path; a Delta table has a _delta_log folder.",
+        ),
+        DeltaTableError::VersionAlreadyExists(_) | DeltaTableError::Transaction { .. } => (
+            "DELTA_CONCURRENT_APPEND",
+            "2D521",
+            " Another writer committed to the table at the same time; make sure one query \
+             writes to it, or restart to retry.",
+        ),
+        DeltaTableError::SchemaMismatch { .. } => (
+            "DELTA_METADATA_MISMATCH",
+            "42KDG",
+            " The rows do not match the table's schema; write to a new table or set \
+             mergeSchema 'true' to add new columns.",
+        ),
+        DeltaTableError::InvalidJsonLog { .. } | DeltaTableError::InvalidData { .. } => (
+            "DELTA_LOG_CORRUPT",
+            "KD001",
+            " The table's _delta_log is damaged; restore it from a backup.",
+        ),
+        DeltaTableError::MissingFeature { .. } => (
+            "DELTA_UNSUPPORTED_FEATURES_FOR_READ",
+            "56038",
+            " The table uses a Delta feature weir's client does not support.",
+        ),
+        DeltaTableError::ObjectStore { .. } | DeltaTableError::Io { .. } => (
+            "DELTA_STORAGE_ERROR",
+            "58030",
+            " Check that the storage is reachable and its credentials (the AWS_* variables for \
+             S3).",
+        ),
+        _ => ("DELTA_OPERATION_FAILED", "58030", ""),
+    };
+    ClassifiedError::new(class, sqlstate, format!("Cannot {doing}: {e}.{hint}"))
+}
+
+/// Runs `f` to completion on a thread of its own with a runtime of its own: for the synchronous
+/// parts of planning (a source's schema) that need the table, which may themselves run on an
+/// async runtime. Nothing made on that runtime (a table, a client) should outlive the call.
+pub fn block_on<F>(f: F) -> Result<F::Output, ClassifiedError>
+where
+    F: Future + Send,
+    F::Output: Send,
+{
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .map(|rt| rt.block_on(f))
+        })
+        .join()
+    })
+    .map_err(|_| ClassifiedError::new("INTERNAL_ERROR", "XX000", "opening a Delta table panicked"))?
+    .map_err(|e| {
+        ClassifiedError::new(
+            "INTERNAL_ERROR",
+            "XX000",
+            format!("cannot start a runtime to open a Delta table: {e}"),
+        )
+    })
+}

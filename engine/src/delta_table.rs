@@ -1,0 +1,105 @@
+//! Reading Delta tables with batch SQL: a table provider that loads the table's latest version
+//! at every scan, so a query in the same session sees each batch a streaming query committed.
+//! It backs `CREATE EXTERNAL TABLE t STORED AS DELTA LOCATION '...'` and the name of a streaming
+//! table written by the Delta sink.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use arrow::datatypes::SchemaRef;
+use async_trait::async_trait;
+use datafusion::catalog::{Session, TableProvider, TableProviderFactory};
+use datafusion::datasource::TableType;
+use datafusion::error::{DataFusionError, Result};
+use datafusion::logical_expr::{CreateExternalTable, Expr};
+use datafusion::physical_plan::ExecutionPlan;
+use url::Url;
+use weir_common::delta;
+
+fn ext(e: weir_common::ClassifiedError) -> DataFusionError {
+    DataFusionError::External(Box::new(e))
+}
+
+/// A Delta table, read at its latest version on every scan.
+#[derive(Debug)]
+pub struct DeltaLatestTable {
+    url: Url,
+    storage: HashMap<String, String>,
+    schema: SchemaRef,
+}
+
+impl DeltaLatestTable {
+    /// The table at `url`, whose rows have `schema`.
+    pub fn new(url: Url, storage: HashMap<String, String>, schema: SchemaRef) -> Self {
+        Self {
+            url,
+            storage,
+            schema,
+        }
+    }
+
+    async fn provider(&self, state: &dyn Session) -> Result<Arc<dyn TableProvider>> {
+        let table = delta::open(&self.url, &self.storage).await.map_err(ext)?;
+        table.update_datafusion_session(state)?;
+        table.table_provider().await
+    }
+}
+
+#[async_trait]
+impl TableProvider for DeltaLatestTable {
+    fn schema(&self) -> SchemaRef {
+        Arc::clone(&self.schema)
+    }
+
+    fn table_type(&self) -> TableType {
+        TableType::Base
+    }
+
+    async fn scan(
+        &self,
+        state: &dyn Session,
+        projection: Option<&Vec<usize>>,
+        filters: &[Expr],
+        limit: Option<usize>,
+    ) -> Result<Arc<dyn ExecutionPlan>> {
+        let provider = self.provider(state).await?;
+        provider.scan(state, projection, filters, limit).await
+    }
+}
+
+/// `CREATE EXTERNAL TABLE ... STORED AS DELTA LOCATION '...'` (options are the S3 client's
+/// `aws_*` settings).
+#[derive(Debug, Default)]
+pub struct DeltaTableFactory;
+
+#[async_trait]
+impl TableProviderFactory for DeltaTableFactory {
+    async fn create(
+        &self,
+        _state: &dyn Session,
+        cmd: &CreateExternalTable,
+    ) -> Result<Arc<dyn TableProvider>> {
+        let [location] = cmd.locations.as_slice() else {
+            return Err(DataFusionError::Plan(format!(
+                "A Delta table has one location; {} were given.",
+                cmd.locations.len()
+            )));
+        };
+        let url = delta::table_url(location, false).map_err(ext)?;
+        let storage: HashMap<String, String> = cmd
+            .options
+            .iter()
+            .map(|(k, v)| (k.to_ascii_lowercase(), v.clone()))
+            .collect();
+        let table = delta::open(&url, &storage).await.map_err(ext)?;
+        if table.version().is_none() {
+            return Err(ext(weir_common::ClassifiedError::new(
+                "DELTA_MISSING_DELTA_TABLE",
+                "42P01",
+                format!("There is no Delta table at {url}."),
+            )));
+        }
+        let schema = table.snapshot()?.snapshot().arrow_schema();
+        Ok(Arc::new(DeltaLatestTable::new(url, storage, schema)))
+    }
+}

@@ -1,0 +1,337 @@
+//! The Delta Lake sink (`format("delta")`, `USING delta LOCATION ...`), as Spark's Delta sink:
+//! each micro-batch is one Delta commit (an append, or in complete mode an overwrite of the whole
+//! table), and the commit carries a transaction action `txn {appId: <query id>, version:
+//! <batch id>}`. A batch replayed after a crash whose `txn` version is already in the table is
+//! skipped, so the table holds every batch exactly once.
+//!
+//! ```text
+//! open:      load the table; create it from the query's schema if the folder has none;
+//!            refuse a table whose columns or partitioning differ (before any batch runs)
+//! add_batch: refresh the snapshot; txn version of this query >= batch id -> skip;
+//!            else write parquet files + commit {add..., txn, commitInfo} (create-only)
+//! ```
+
+use std::any::Any;
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use arrow::datatypes::SchemaRef;
+use arrow::record_batch::RecordBatch;
+use async_trait::async_trait;
+use deltalake::DeltaTable;
+use deltalake::kernel::engine::arrow_conversion::TryIntoKernel;
+use deltalake::kernel::transaction::CommitProperties;
+use deltalake::kernel::{StructType, Transaction};
+use deltalake::protocol::SaveMode;
+use tokio::sync::Mutex;
+use url::Url;
+use weir_common::delta::{self, table_url};
+use weir_common::{ClassifiedError, Options};
+
+use crate::{Error, OutputMode, Result, Sink};
+
+const ACCEPTED: &[&str] = &[
+    "path",
+    "partitionBy",
+    "mergeSchema",
+    "userMetadata",
+    "aws_<option>",
+];
+
+/// The typed options of a Delta sink.
+#[derive(Debug, Clone)]
+pub struct DeltaSinkOptions {
+    /// The table's folder as given (`path` / `LOCATION`).
+    pub path: String,
+    /// `partitionBy`: partition columns of a table the sink creates (comma-separated).
+    pub partition_by: Vec<String>,
+    /// `mergeSchema`: new output columns are added to the table's schema.
+    pub merge_schema: bool,
+    /// `userMetadata`: kept in each commit's `commitInfo`.
+    pub user_metadata: Option<String>,
+    /// `aws_*` options of the S3 client.
+    pub storage: HashMap<String, String>,
+}
+
+impl DeltaSinkOptions {
+    /// Reads the options, refusing unknown or malformed ones.
+    pub fn parse(options: &Options) -> Result<Self> {
+        let (storage, own) = delta::storage_options(options);
+        let r = own.reader("delta sink", ACCEPTED);
+        r.check_known()?;
+        let path = r.string("path").ok_or_else(|| {
+            ClassifiedError::invalid_option(
+                "The delta sink needs the table's folder: give LOCATION '...' in SQL or the \
+                 option 'path'.",
+            )
+        })?;
+        let partition_by = r
+            .string("partitionBy")
+            .map(|s| {
+                s.split(',')
+                    .map(|c| c.trim().to_string())
+                    .filter(|c| !c.is_empty())
+                    .collect()
+            })
+            .unwrap_or_default();
+        Ok(Self {
+            path,
+            partition_by,
+            merge_schema: r.bool("mergeSchema", false)?,
+            user_metadata: r.string("userMetadata"),
+            storage,
+        })
+    }
+}
+
+/// Writes each batch as one Delta commit with the query's transaction action.
+#[derive(Debug)]
+pub struct DeltaSink {
+    options: DeltaSinkOptions,
+    url: Url,
+    schema: SchemaRef,
+    mode: OutputMode,
+    /// The query id (the `txn` appId) and the table as last loaded, once opened.
+    opened: Mutex<Option<(String, DeltaTable)>>,
+}
+
+impl DeltaSink {
+    /// A sink writing the rows of `schema` into the table at `options.path`.
+    pub fn try_new(options: &Options, schema: &SchemaRef, mode: OutputMode) -> Result<Self> {
+        let options = DeltaSinkOptions::parse(options)?;
+        for c in &options.partition_by {
+            if schema.field_with_name(c).is_err() {
+                return Err(ClassifiedError::invalid_option(format!(
+                    "The partition column '{c}' of the delta sink is not an output column; the \
+                     output has: {}.",
+                    column_names(schema)
+                ))
+                .into());
+            }
+        }
+        let url = table_url(&options.path, true)?;
+        Ok(Self {
+            options,
+            url,
+            schema: Arc::clone(schema),
+            mode,
+            opened: Mutex::new(None),
+        })
+    }
+
+    /// The table's location.
+    pub fn url(&self) -> &Url {
+        &self.url
+    }
+
+    /// The options a Delta source reading this table needs (`path` and the S3 client's).
+    pub fn source_options(&self) -> Options {
+        let mut o = Options::new().with("path", self.url.as_str());
+        for (k, v) in &self.options.storage {
+            o.set(k.clone(), v.clone());
+        }
+        o
+    }
+
+    /// The S3 client options the table is opened with.
+    pub fn storage_options(&self) -> &HashMap<String, String> {
+        &self.options.storage
+    }
+
+    fn kernel_schema(&self) -> Result<StructType> {
+        let normalized = deltalake::kernel::schema::cast::normalize_for_delta(&self.schema);
+        normalized.as_ref().try_into_kernel().map_err(|e| {
+            ClassifiedError::new(
+                "DELTA_UNSUPPORTED_DATA_TYPE",
+                "0AKDC",
+                format!(
+                    "The query's output cannot be stored in a Delta table: {e}. Cast the \
+                     column to a type Delta supports."
+                ),
+            )
+            .into()
+        })
+    }
+
+    /// Creates the table from the query's schema, or checks that the existing one fits.
+    async fn prepare(&self, table: DeltaTable) -> Result<DeltaTable> {
+        let wanted = self.kernel_schema()?;
+        if table.version().is_none() {
+            let created = table
+                .create()
+                .with_columns(wanted.fields().cloned())
+                .with_partition_columns(self.options.partition_by.clone())
+                .await;
+            return match created {
+                Ok(t) => Ok(t),
+                // Another writer created it meanwhile: check that one.
+                Err(_) => {
+                    let t = delta::open(&self.url, &self.options.storage).await?;
+                    if t.version().is_none() {
+                        return Err(ClassifiedError::new(
+                            "DELTA_CREATE_TABLE_FAILED",
+                            "58030",
+                            format!("Cannot create the Delta table at {}.", self.url),
+                        )
+                        .into());
+                    }
+                    self.check_fits(&t, &wanted)?;
+                    Ok(t)
+                }
+            };
+        }
+        self.check_fits(&table, &wanted)?;
+        Ok(table)
+    }
+
+    fn check_fits(&self, table: &DeltaTable, wanted: &StructType) -> Result<()> {
+        let snapshot = table
+            .snapshot()
+            .map_err(|e| delta::error(e, &format!("read the Delta table at {}", self.url)))?;
+        let have = snapshot.schema();
+        let mut problems = vec![];
+        for f in wanted.fields() {
+            match have.field(f.name()) {
+                None if self.options.merge_schema => {}
+                None => problems.push(format!(
+                    "the output column '{}' is not in the table",
+                    f.name()
+                )),
+                Some(t) if t.data_type() != f.data_type() => problems.push(format!(
+                    "column '{}' is {} in the table and {} in the output",
+                    f.name(),
+                    t.data_type(),
+                    f.data_type()
+                )),
+                Some(_) => {}
+            }
+        }
+        for t in have.fields() {
+            if wanted.field(t.name()).is_none() {
+                problems.push(format!(
+                    "the table's column '{}' is not in the output",
+                    t.name()
+                ));
+            }
+        }
+        let parts = snapshot.metadata().partition_columns().to_vec();
+        if !self.options.partition_by.is_empty() && parts != self.options.partition_by {
+            problems.push(format!(
+                "the table is partitioned by [{}], the sink asks for [{}]",
+                parts.join(", "),
+                self.options.partition_by.join(", ")
+            ));
+        }
+        if problems.is_empty() {
+            return Ok(());
+        }
+        Err(ClassifiedError::new(
+            "DELTA_METADATA_MISMATCH",
+            "42KDG",
+            format!(
+                "The query's output does not fit the Delta table at {}: {}. Write to a new \
+                 table, change the query to match, or set mergeSchema 'true' to add new columns.",
+                self.url,
+                problems.join("; ")
+            ),
+        )
+        .into())
+    }
+}
+
+fn column_names(schema: &SchemaRef) -> String {
+    schema
+        .fields()
+        .iter()
+        .map(|f| f.name().as_str())
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+#[async_trait]
+impl Sink for DeltaSink {
+    fn description(&self) -> String {
+        format!("DeltaSink[{}]", self.url)
+    }
+
+    fn is_idempotent(&self) -> bool {
+        true
+    }
+
+    fn supported_output_modes(&self) -> &'static [OutputMode] {
+        &[OutputMode::Append, OutputMode::Complete]
+    }
+
+    async fn open(&self, query_id: &str) -> Result<()> {
+        let table = delta::open(&self.url, &self.options.storage).await?;
+        let table = self.prepare(table).await?;
+        *self.opened.lock().await = Some((query_id.to_string(), table));
+        Ok(())
+    }
+
+    async fn add_batch(
+        &self,
+        batch_id: u64,
+        schema: SchemaRef,
+        batches: Vec<RecordBatch>,
+    ) -> Result<()> {
+        let mut opened = self.opened.lock().await;
+        let Some((app_id, table)) = opened.as_mut() else {
+            return Err(Error::Corrupt("the delta sink was not opened".into()));
+        };
+        let doing =
+            |what: &str| format!("{what} batch {batch_id} of the Delta table at {}", self.url);
+        table
+            .update_state()
+            .await
+            .map_err(|e| delta::error(e, &doing("refresh the table before")))?;
+        let snapshot = table
+            .snapshot()
+            .map_err(|e| delta::error(e, &doing("read the table before")))?;
+        let done = snapshot
+            .transaction_version(table.log_store().as_ref(), app_id.as_str())
+            .await
+            .map_err(|e| delta::error(e, &doing("read the transactions before")))?;
+        if done.is_some_and(|v| v >= batch_id as i64) {
+            tracing::info!(batch_id, table = %self.url, "batch already committed to the Delta table; skipped");
+            return Ok(());
+        }
+        let mut rows: Vec<RecordBatch> = batches.into_iter().filter(|b| b.num_rows() > 0).collect();
+        let save_mode = match self.mode {
+            OutputMode::Complete => SaveMode::Overwrite,
+            _ => SaveMode::Append,
+        };
+        if rows.is_empty() {
+            if save_mode == SaveMode::Append {
+                return Ok(());
+            }
+            // Complete mode with an empty result: the table becomes empty.
+            rows.push(RecordBatch::new_empty(schema));
+        }
+        let mut props = CommitProperties::default()
+            .with_application_transaction(Transaction::new(app_id.as_str(), batch_id as i64));
+        if let Some(m) = &self.options.user_metadata {
+            props = props.with_metadata([(
+                "userMetadata".to_string(),
+                serde_json::Value::from(m.clone()),
+            )]);
+        }
+        let mut write = table
+            .clone()
+            .write(rows)
+            .with_save_mode(save_mode)
+            .with_commit_properties(props);
+        if !self.options.partition_by.is_empty() {
+            write = write.with_partition_columns(self.options.partition_by.clone());
+        }
+        if self.options.merge_schema {
+            write = write.with_schema_mode(deltalake::operations::write::SchemaMode::Merge);
+        }
+        *table = write.await.map_err(|e| delta::error(e, &doing("write")))?;
+        Ok(())
+    }
+
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+}
