@@ -357,6 +357,29 @@ async fn the_source_starts_where_told_and_keeps_to_its_rate_limits() {
         q.stop().await;
     }
 
+    // From Rust: format("delta").load_path(dir), the whole table (5 commits now).
+    let q = session
+        .read_stream()
+        .format("delta")
+        .option("maxFilesPerTrigger", 2)
+        .load_path(&path("t"))
+        .unwrap()
+        .write_stream()
+        .unwrap()
+        .format("memory")
+        .query_name("from_rust")
+        .checkpoint_location(path("ck-rust"))
+        .start()
+        .await
+        .unwrap();
+    q.process_all_available().await.unwrap();
+    assert_eq!(batches_with_rows(&q), vec![4, 4, 2]);
+    assert_eq!(
+        rows(&session, "SELECT count(*) FROM from_rust").await,
+        vec!["10"]
+    );
+    q.stop().await;
+
     // Options are checked when the query is planned.
     let err = session
         .sql(&format!(

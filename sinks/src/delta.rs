@@ -109,7 +109,7 @@ impl DeltaSink {
                 .into());
             }
         }
-        let url = table_url(&options.path, true)?;
+        let url = table_url(&options.path, false)?;
         Ok(Self {
             options,
             url,
@@ -263,6 +263,8 @@ impl Sink for DeltaSink {
     }
 
     async fn open(&self, query_id: &str) -> Result<()> {
+        // delta-rs needs a local table's folder to exist.
+        table_url(&self.options.path, true)?;
         let table = delta::open(&self.url, &self.options.storage).await?;
         let table = self.prepare(table).await?;
         *self.opened.lock().await = Some((query_id.to_string(), table));

@@ -844,3 +844,83 @@ impl MicroBatchStream for DeltaStream {
         Ok(self.offset(end))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(pairs: &[(&str, &str)]) -> Result<DeltaSourceOptions> {
+        let mut o = Options::new().with("path", "/t");
+        for (k, v) in pairs {
+            o.set(*k, *v);
+        }
+        DeltaSourceOptions::parse(&o)
+    }
+
+    #[test]
+    fn starting_positions_and_limits_are_read_as_spark_writes_them() {
+        assert_eq!(parse(&[]).unwrap().starting, Starting::Snapshot);
+        assert_eq!(
+            parse(&[("startingVersion", "7")]).unwrap().starting,
+            Starting::Version(7)
+        );
+        assert_eq!(
+            parse(&[("STARTINGVERSION", "Latest")]).unwrap().starting,
+            Starting::Latest
+        );
+        assert_eq!(
+            parse(&[("startingTimestamp", "2026-12-04")])
+                .unwrap()
+                .starting,
+            Starting::Timestamp(1_796_342_400_000)
+        );
+        assert_eq!(
+            parse(&[("startingTimestamp", "2026-12-04T00:00:01Z")])
+                .unwrap()
+                .starting,
+            Starting::Timestamp(1_796_342_401_000)
+        );
+        let o = parse(&[("maxFilesPerTrigger", "3"), ("maxBytesPerTrigger", "10")]).unwrap();
+        assert_eq!((o.max_files, o.max_bytes), (Some(3), Some(10)));
+        let o = parse(&[("aws_endpoint_url", "http://127.0.0.1:1")]).unwrap();
+        assert_eq!(o.storage["aws_endpoint_url"], "http://127.0.0.1:1");
+    }
+
+    #[test]
+    fn bad_options_are_refused_naming_them() {
+        for (pairs, named) in [
+            (vec![("startingVersion", "-1")], "startingVersion"),
+            (
+                vec![("startingTimestamp", "yesterday")],
+                "startingTimestamp",
+            ),
+            (vec![("maxFilesPerTrigger", "0")], "maxFilesPerTrigger"),
+            (vec![("maxBytesPerTrigger", "1k")], "maxBytesPerTrigger"),
+            (vec![("skipChangeCommits", "maybe")], "skipChangeCommits"),
+            (vec![("ignoreChanges", "true")], "ignoreChanges"),
+        ] {
+            let err = parse(&pairs).unwrap_err();
+            assert_eq!(err.error_class(), "STREAMING_INVALID_OPTION", "{err}");
+            assert!(err.to_string().contains(named), "{err}");
+        }
+        let err = parse(&[
+            ("startingVersion", "1"),
+            ("startingTimestamp", "2026-01-01"),
+        ])
+        .unwrap_err();
+        assert_eq!(
+            err.error_class(),
+            "DELTA_STARTING_VERSION_AND_TIMESTAMP_BOTH_SET"
+        );
+    }
+
+    #[test]
+    fn log_paths_are_url_decoded() {
+        assert_eq!(
+            percent_decode("day=2026-12-04%2010%3A00/part-0.parquet"),
+            "day=2026-12-04 10:00/part-0.parquet"
+        );
+        assert_eq!(percent_decode("a%2"), "a%2");
+        assert_eq!(percent_decode("%zz%41"), "%zzA");
+    }
+}
