@@ -15,6 +15,8 @@ use bytes::Bytes;
 use weir_common::Location;
 use weir_common::location::Created;
 
+mod support;
+
 /// A SeaweedFS server with an S3 endpoint and a bucket `weir`, stopped when dropped.
 struct S3Server {
     _turn: std::sync::MutexGuard<'static, ()>,
@@ -494,4 +496,83 @@ async fn a_delta_table_on_s3_is_written_exactly_once_and_streamed_into_another()
         &[],
     );
     assert_eq!(read.matches("| 25 | 25 | 48 |").count(), 2, "{read}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stateful_query_on_an_s3_checkpoint_keeps_its_state_across_kills() {
+    let Some(server) = S3Server::start() else {
+        return;
+    };
+    let ck = server.location("s3://weir/queries/counts").await;
+    let mut env: Vec<(String, String)> = server
+        .options()
+        .into_iter()
+        .map(|(k, v)| (k.to_ascii_uppercase(), v))
+        .collect();
+    env.push(("WEIR_CHECKPOINT_LEASE_MS".into(), "1000".into()));
+    let sql = "CREATE STREAMING TABLE counts USING delta LOCATION 's3://weir/delta/counts' \
+               OPTIONS (outputMode 'complete', stateStore.minDeltasForSnapshot '2') AS \
+               SELECT value % 5 AS k, count(*) AS n, sum(value) AS s \
+               FROM STREAM rate_micro_batch(rowsPerBatch => 10) GROUP BY value % 5";
+    let weir = |args: &[&str]| {
+        let out = Command::new(env!("CARGO_BIN_EXE_weir"))
+            .arg("run")
+            .args(args)
+            .envs(env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "weir run failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).to_string()
+    };
+    let query = [
+        "-e",
+        sql,
+        "--checkpoint",
+        "s3://weir/queries/counts",
+        "--max-batches",
+        "2",
+    ];
+    weir(&query);
+    // Killed after the state of a batch is committed but before the batch is; after the sink;
+    // and before the offsets: each restart must resume from the state of the last commit.
+    for (stage, batch) in [("state_committed", 2), ("after_sink", 3), ("before_wal", 4)] {
+        support::run_and_kill_at_with_env(sql, "s3://weir/queries/counts", stage, batch, &env);
+        // The killed run's lease must expire before the next run may start.
+        tokio::time::sleep(Duration::from_millis(1300)).await;
+    }
+    weir(&query);
+
+    let names = ck.list_all().await.unwrap();
+    assert!(
+        names
+            .iter()
+            .any(|n| n.starts_with("state/") && n.ends_with(".changelog")),
+        "the state's changelogs are in the S3 checkpoint: {names:?}"
+    );
+    assert!(
+        names
+            .iter()
+            .any(|n| n.starts_with("state/") && n.ends_with(".snapshot"))
+            && names.iter().any(|n| n.contains("/files/")),
+        "and its snapshots with their files: {names:?}"
+    );
+    let batches = names.iter().filter(|n| n.starts_with("commits/")).count() as i64;
+    assert!(batches >= 5, "{names:?}");
+    let rows = 10 * batches;
+    let read = weir(&[
+        "-e",
+        "CREATE EXTERNAL TABLE counts STORED AS DELTA LOCATION 's3://weir/delta/counts'; \
+         SELECT sum(n) AS n, sum(s) AS s, min(n) AS lo, max(n) AS hi FROM counts",
+    ]);
+    let expected = format!(
+        "| {rows} | {} | {} | {} |",
+        rows * (rows - 1) / 2,
+        rows / 5,
+        rows / 5
+    );
+    assert!(read.contains(&expected), "expected {expected} in {read}");
 }

@@ -513,6 +513,16 @@ impl Execution {
         commit: &CommitEntry,
         ends: &[Offset],
     ) -> Result<()> {
+        // On an object store, the batch's state goes there before the batch is committed; a
+        // run that lost the checkpoint's lease uploads nothing.
+        if let Some(mirror) = self
+            .state_run
+            .as_ref()
+            .and_then(|(run, _)| run.mirror.as_ref())
+        {
+            self.checkpoint.check_lease()?;
+            mirror.sync().await?;
+        }
         self.checkpoint.write_commit(batch, commit).await?;
         pause_point("after_commit", batch);
         for (s, end) in lp.streams.iter_mut().zip(ends) {

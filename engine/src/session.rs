@@ -754,9 +754,39 @@ impl DataStreamWriter {
                 }
                 (b, false) => b,
             };
+            // State on an object store: the provider works on a local copy of `state/`,
+            // mirrored back before each commit.
+            let mirror = match (&backend, checkpoint.state_dir()) {
+                (StateBackend::RocksDb(_), None) => {
+                    let prefix = format!("weir-mirror-{}-", checkpoint.id());
+                    for stale in std::fs::read_dir(std::env::temp_dir())
+                        .into_iter()
+                        .flatten()
+                        .flatten()
+                        .filter(|e| e.file_name().to_string_lossy().starts_with(&prefix))
+                    {
+                        let _ = std::fs::remove_dir_all(stale.path());
+                    }
+                    let local = std::env::temp_dir().join(format!("{prefix}{}", shared.run_id));
+                    let mirror = crate::checkpoint::state_mirror::StateMirror::download(
+                        checkpoint.location().child("state"),
+                        local,
+                    )
+                    .await;
+                    match mirror {
+                        Ok(m) => Some(m),
+                        Err(e) => {
+                            checkpoint.delete_if_temporary();
+                            return Err(e);
+                        }
+                    }
+                }
+                _ => None,
+            };
             let run = Arc::new(StateRun::open(
                 backend,
                 checkpoint.state_dir(),
+                mirror,
                 checkpoint.id(),
                 shared.run_id,
                 partitions,

@@ -16,6 +16,17 @@ use weir::datafusion::arrow::util::display::array_value_to_string;
 /// Runs `weir run -e sql --checkpoint ck` until it reports the pause point `stage` of `batch`
 /// (`WEIR_TEST_PAUSE_AT`), then SIGKILLs it.
 pub fn run_and_kill_at(sql: &str, ck: &str, stage: &str, batch: u64) {
+    run_and_kill_at_with_env(sql, ck, stage, batch, &[]);
+}
+
+/// [`run_and_kill_at`] with more environment variables (an S3 server's `AWS_*`).
+pub fn run_and_kill_at_with_env(
+    sql: &str,
+    ck: &str,
+    stage: &str,
+    batch: u64,
+    env: &[(String, String)],
+) {
     let mut child = Command::new(env!("CARGO_BIN_EXE_weir"))
         .args([
             "run",
@@ -27,6 +38,7 @@ pub fn run_and_kill_at(sql: &str, ck: &str, stage: &str, batch: u64) {
             "1000",
         ])
         .env("WEIR_TEST_PAUSE_AT", format!("{stage}:{batch}"))
+        .envs(env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()

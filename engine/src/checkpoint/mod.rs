@@ -17,6 +17,7 @@
 mod lease;
 pub mod log;
 pub mod recovery;
+pub(crate) mod state_mirror;
 
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};
@@ -287,7 +288,7 @@ impl Checkpoint {
     }
 
     /// Refuses a write when this run lost the checkpoint's lease.
-    fn check_lease(&self) -> Result<()> {
+    pub(crate) fn check_lease(&self) -> Result<()> {
         self.lease.as_ref().map_or(Ok(()), lease::Lease::check)
     }
 

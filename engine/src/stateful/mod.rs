@@ -181,8 +181,12 @@ pub(crate) struct StateRun {
     /// Per event-time index store, the time up to which this run has evicted everything: the
     /// next eviction scan starts there instead of wading through the deleted keys below it.
     pub(crate) evicted_up_to: Mutex<BTreeMap<weir_state::StoreId, i64>>,
+    /// On an object-store checkpoint: the mirror of the provider's local `state/` folder.
+    pub(crate) mirror: Option<crate::checkpoint::state_mirror::StateMirror>,
     /// The local RocksDB instances; declared after `provider` so they are closed first.
     _local: ScratchDir,
+    /// The mirror's local folder, removed when the run ends.
+    _mirrored: ScratchDir,
 }
 
 impl StateRun {
@@ -194,6 +198,7 @@ impl StateRun {
     pub(crate) fn open(
         backend: StateBackend,
         state_dir: Option<PathBuf>,
+        mirror: Option<crate::checkpoint::state_mirror::StateMirror>,
         query_id: uuid::Uuid,
         run_id: uuid::Uuid,
         partitions: usize,
@@ -207,14 +212,18 @@ impl StateRun {
                 None,
             ),
             StateBackend::RocksDb(config) => {
-                let dir = state_dir.ok_or_else(|| {
-                    Error::user(
-                        "STATE_STORE_UNSUPPORTED_LOCATION",
-                        "0A000",
-                        "The RocksDB state store needs a checkpoint on the local file system; \
-                         use a local checkpoint location.",
-                    )
-                })?;
+                let dir = match (&state_dir, &mirror) {
+                    (Some(d), _) => d.clone(),
+                    (None, Some(m)) => m.local().to_path_buf(),
+                    (None, None) => {
+                        return Err(Error::user(
+                            "STATE_STORE_UNSUPPORTED_LOCATION",
+                            "0A000",
+                            "The RocksDB state store needs a local checkpoint folder or a \
+                             mirror of an object-store one.",
+                        ));
+                    }
+                };
                 let prefix = format!("weir-state-{query_id}-");
                 let local = std::env::temp_dir().join(format!("{prefix}{run_id}"));
                 // The checkpoint's lock is ours: other runs' folders are left by dead runs.
@@ -241,6 +250,8 @@ impl StateRun {
             partitions,
             output_mode,
             evicted_up_to: Mutex::new(BTreeMap::new()),
+            _mirrored: ScratchDir(mirror.as_ref().map(|m| m.local().to_path_buf())),
+            mirror,
             _local: ScratchDir(local),
         })
     }
