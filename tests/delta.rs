@@ -51,6 +51,29 @@ async fn to_delta(session: &WeirSession, name: &str, path: &str, ck: &str) -> St
         .unwrap()
 }
 
+/// Runs `weir run -e sql --checkpoint ck extra...` to its end; it must succeed.
+fn weir_run(sql: &str, ck: &str, extra: &[&str]) {
+    let status = Command::new(env!("CARGO_BIN_EXE_weir"))
+        .args(["run", "-e", sql, "--checkpoint", ck])
+        .args(extra)
+        .status()
+        .unwrap();
+    assert!(status.success());
+}
+
+/// A session where the Delta table at `path` is the table `name`.
+async fn reading(name: &str, path: &str) -> WeirSession {
+    let session = WeirSession::new();
+    session
+        .context()
+        .sql(&format!(
+            "CREATE EXTERNAL TABLE {name} STORED AS DELTA LOCATION '{path}'"
+        ))
+        .await
+        .unwrap();
+    session
+}
+
 /// The commit files of the table at `path`, in version order.
 fn commits(path: &str) -> Vec<String> {
     let mut names: Vec<_> = std::fs::read_dir(format!("{path}/_delta_log"))
@@ -144,19 +167,8 @@ async fn a_batch_the_table_already_has_is_skipped_when_replayed() {
     );
     run_and_kill_at(&sql, ck, "after_sink", 2);
     assert!(!dir.path().join("ck/commits/2").exists());
-    let status = Command::new(env!("CARGO_BIN_EXE_weir"))
-        .args(["run", "-e", &sql, "--checkpoint", ck, "--max-batches", "2"])
-        .status()
-        .unwrap();
-    assert!(status.success());
-    let session = WeirSession::new();
-    session
-        .context()
-        .sql(&format!(
-            "CREATE EXTERNAL TABLE t STORED AS DELTA LOCATION '{out}'"
-        ))
-        .await
-        .unwrap();
+    weir_run(&sql, ck, &["--max-batches", "2"]);
+    let session = reading("t", out).await;
     assert_eq!(
         rows(
             &session,
@@ -472,27 +484,8 @@ async fn killed_at_every_stage_a_file_to_delta_query_writes_every_row_exactly_on
         files += 1;
         run_and_kill_at(&sql, ck, STAGES[i as usize % STAGES.len()], i + 1);
     }
-    let status = Command::new(env!("CARGO_BIN_EXE_weir"))
-        .args([
-            "run",
-            "-e",
-            &sql,
-            "--checkpoint",
-            ck,
-            "--trigger",
-            "availableNow",
-        ])
-        .status()
-        .unwrap();
-    assert!(status.success());
-    let session = WeirSession::new();
-    session
-        .context()
-        .sql(&format!(
-            "CREATE EXTERNAL TABLE moved STORED AS DELTA LOCATION '{out}'"
-        ))
-        .await
-        .unwrap();
+    weir_run(&sql, ck, &["--trigger", "availableNow"]);
+    let session = reading("moved", out).await;
     let ids = files * 10;
     assert_eq!(
         rows(

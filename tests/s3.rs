@@ -115,6 +115,32 @@ impl S3Server {
         ]
     }
 
+    /// The `AWS_*` variables that point a client at this server.
+    fn env(&self) -> Vec<(String, String)> {
+        self.options()
+            .into_iter()
+            .map(|(k, v)| (k.to_ascii_uppercase(), v))
+            .collect()
+    }
+
+    /// Runs `weir run args...` against this server (with `env` too); it must succeed. Its
+    /// standard output.
+    fn weir(&self, args: &[&str], env: &[(&str, &str)]) -> String {
+        let out = Command::new(env!("CARGO_BIN_EXE_weir"))
+            .arg("run")
+            .args(args)
+            .envs(self.env())
+            .envs(env.iter().copied())
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "weir run failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).to_string()
+    }
+
     /// `location` on this server, retried while the bucket is still being created.
     async fn location(&self, url: &str) -> Location {
         let location = Location::parse_with(url, self.options()).unwrap();
@@ -390,20 +416,7 @@ async fn a_parquet_sink_on_s3_is_read_back_through_its_manifest() {
         return;
     };
     let _ = server.location("s3://weir/sinks").await;
-    let weir = |sql: &str, extra: &[&str]| {
-        let mut c = Command::new(env!("CARGO_BIN_EXE_weir"));
-        c.args(["run", "-e", sql]).args(extra);
-        for (k, v) in server.options() {
-            c.env(k.to_ascii_uppercase(), v);
-        }
-        let out = c.output().unwrap();
-        assert!(
-            out.status.success(),
-            "weir run failed: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8_lossy(&out.stdout).to_string()
-    };
+    let weir = |sql: &str, extra: &[&str]| server.weir(&[&["-e", sql], extra].concat(), &[]);
     let write = "CREATE STREAMING TABLE evens USING parquet LOCATION 's3://weir/sinks/evens' AS \
                  SELECT value FROM STREAM rate_micro_batch(rowsPerBatch => 10) WHERE value % 2 = 0";
     weir(
@@ -440,20 +453,7 @@ async fn a_delta_table_on_s3_is_written_exactly_once_and_streamed_into_another()
         return;
     };
     let _ = server.location("s3://weir/delta").await;
-    let weir = |sql: &str, extra: &[&str]| {
-        let mut c = Command::new(env!("CARGO_BIN_EXE_weir"));
-        c.args(["run", "-e", sql]).args(extra);
-        for (k, v) in server.options() {
-            c.env(k.to_ascii_uppercase(), v);
-        }
-        let out = c.output().unwrap();
-        assert!(
-            out.status.success(),
-            "weir run failed: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8_lossy(&out.stdout).to_string()
-    };
+    let weir = |sql: &str, extra: &[&str]| server.weir(&[&["-e", sql], extra].concat(), &[]);
     let write = "CREATE STREAMING TABLE evens USING delta LOCATION 's3://weir/delta/evens' AS \
                  SELECT value FROM STREAM rate_micro_batch(rowsPerBatch => 10) WHERE value % 2 = 0";
     for batches in ["3", "2"] {
@@ -504,30 +504,13 @@ async fn a_stateful_query_on_an_s3_checkpoint_keeps_its_state_across_kills() {
         return;
     };
     let ck = server.location("s3://weir/queries/counts").await;
-    let mut env: Vec<(String, String)> = server
-        .options()
-        .into_iter()
-        .map(|(k, v)| (k.to_ascii_uppercase(), v))
-        .collect();
+    let mut env = server.env();
     env.push(("WEIR_CHECKPOINT_LEASE_MS".into(), "1000".into()));
     let sql = "CREATE STREAMING TABLE counts USING delta LOCATION 's3://weir/delta/counts' \
                OPTIONS (outputMode 'complete', stateStore.minDeltasForSnapshot '2') AS \
                SELECT value % 5 AS k, count(*) AS n, sum(value) AS s \
                FROM STREAM rate_micro_batch(rowsPerBatch => 10) GROUP BY value % 5";
-    let weir = |args: &[&str]| {
-        let out = Command::new(env!("CARGO_BIN_EXE_weir"))
-            .arg("run")
-            .args(args)
-            .envs(env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "weir run failed: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8_lossy(&out.stdout).to_string()
-    };
+    let weir = |args: &[&str]| server.weir(args, &[("WEIR_CHECKPOINT_LEASE_MS", "1000")]);
     let query = [
         "-e",
         sql,

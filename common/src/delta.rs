@@ -88,9 +88,19 @@ pub async fn open(
             format!("There is no Delta table at {url}: the folder does not exist."),
         ));
     }
-    DeltaTable::try_from_url_with_storage_options(url.clone(), storage.clone())
+    let doing = format!("open the Delta table at {url}");
+    let mut table = deltalake::DeltaTableBuilder::from_url(url.clone())
+        .and_then(|b| b.with_storage_options(storage.clone()).build())
+        .map_err(|e| error(e, &doing))?;
+    // Loading a folder without a log fails (and logs an error): look first.
+    if table
+        .verify_deltatable_existence()
         .await
-        .map_err(|e| error(e, &format!("open the Delta table at {url}")))
+        .map_err(|e| error(e, &doing))?
+    {
+        table.load().await.map_err(|e| error(e, &doing))?;
+    }
+    Ok(table)
 }
 
 /// A delta-rs error as a classified one; `doing` says what weir was doing ("write batch 3 to

@@ -758,16 +758,11 @@ impl DataStreamWriter {
             // mirrored back before each commit.
             let mirror = match (&backend, checkpoint.state_dir()) {
                 (StateBackend::RocksDb(_), None) => {
-                    let prefix = format!("weir-mirror-{}-", checkpoint.id());
-                    for stale in std::fs::read_dir(std::env::temp_dir())
-                        .into_iter()
-                        .flatten()
-                        .flatten()
-                        .filter(|e| e.file_name().to_string_lossy().starts_with(&prefix))
-                    {
-                        let _ = std::fs::remove_dir_all(stale.path());
-                    }
-                    let local = std::env::temp_dir().join(format!("{prefix}{}", shared.run_id));
+                    let local = crate::stateful::run_scratch_dir(
+                        "weir-mirror",
+                        checkpoint.id(),
+                        shared.run_id,
+                    );
                     let mirror = crate::checkpoint::state_mirror::StateMirror::download(
                         checkpoint.location().child("state"),
                         local,

@@ -82,6 +82,22 @@ impl StateBackend {
 #[derive(Debug)]
 struct ScratchDir(Option<PathBuf>);
 
+/// `<temp>/<kind>-<query id>-<run id>`, a folder of this run, after removing the folders of
+/// the query's earlier runs: the checkpoint's lock or lease is ours, so those were left by
+/// runs that died.
+pub(crate) fn run_scratch_dir(kind: &str, query_id: uuid::Uuid, run_id: uuid::Uuid) -> PathBuf {
+    let prefix = format!("{kind}-{query_id}-");
+    for stale in std::fs::read_dir(std::env::temp_dir())
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().starts_with(&prefix))
+    {
+        let _ = std::fs::remove_dir_all(stale.path());
+    }
+    std::env::temp_dir().join(format!("{prefix}{run_id}"))
+}
+
 impl Drop for ScratchDir {
     fn drop(&mut self) {
         if let Some(d) = &self.0 {
@@ -224,17 +240,7 @@ impl StateRun {
                         ));
                     }
                 };
-                let prefix = format!("weir-state-{query_id}-");
-                let local = std::env::temp_dir().join(format!("{prefix}{run_id}"));
-                // The checkpoint's lock is ours: other runs' folders are left by dead runs.
-                for stale in std::fs::read_dir(std::env::temp_dir())
-                    .into_iter()
-                    .flatten()
-                    .flatten()
-                    .filter(|e| e.file_name().to_string_lossy().starts_with(&prefix))
-                {
-                    let _ = std::fs::remove_dir_all(stale.path());
-                }
+                let local = run_scratch_dir("weir-state", query_id, run_id);
                 (
                     Arc::new(RocksDbStateStoreProvider::with_config(
                         dir,
