@@ -51,10 +51,11 @@ enum Command {
         #[arg(long)]
         progress: Option<String>,
     },
-    /// Run a named benchmark workload into the noop sink.
+    /// Run a named benchmark workload (into the noop sink, but files-delta).
     Bench {
         /// Workload: q1 (stateless), q2 (aggregation), q3 (windows), q4 (dedupe), q5 (join),
-        /// kafka (Kafka source), files (Parquet files, aggregation, Parquet sink).
+        /// kafka (Kafka source), files (Parquet files, aggregation), files-delta (the same into
+        /// a Delta table, complete mode).
         #[arg(long, default_value = "q1")]
         workload: String,
         /// Measured batches.
