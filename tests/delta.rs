@@ -496,3 +496,57 @@ async fn killed_at_every_stage_a_file_to_delta_query_writes_every_row_exactly_on
         vec![format!("{ids},{ids},0,{},{files}", ids - 1)]
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_partitioned_table_streams_back_with_its_partition_values_and_an_empty_result_commits() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = |p: &str| dir.path().join(p).to_str().unwrap().to_string();
+    // Partitioned by a string and a number, with a space in a value (escaped in the log).
+    let write = format!(
+        "CREATE STREAMING TABLE parts USING delta LOCATION '{}' \
+         OPTIONS (partitionBy 'day,bucket') AS \
+         SELECT value, CASE WHEN value % 2 = 0 THEN 'even day' ELSE 'odd' END AS day, \
+         value % 3 AS bucket FROM STREAM rate_micro_batch(rowsPerBatch => 6)",
+        path("parts")
+    );
+    weir_run(&write, &path("ck"), &["--max-batches", "2"]);
+    assert!(
+        dir.path().join("parts/day=even day").is_dir()
+            || dir.path().join("parts/day=even%20day").is_dir()
+    );
+    let copy = format!(
+        "CREATE STREAMING TABLE copy USING delta LOCATION '{}' AS \
+         SELECT value, day, bucket FROM STREAM delta(path => '{}')",
+        path("copy"),
+        path("parts")
+    );
+    weir_run(&copy, &path("ck-copy"), &["--trigger", "availableNow"]);
+    let session = reading("copy", &path("copy")).await;
+    let got = rows(
+        &session,
+        "SELECT count(*), sum(value), \
+         sum(CASE WHEN (value % 2 = 0) = (day = 'even day') THEN 1 ELSE 0 END), \
+         sum(CASE WHEN value % 3 = bucket THEN 1 ELSE 0 END) FROM copy",
+    )
+    .await;
+    assert_eq!(got, vec!["12,66,12,12"]);
+
+    // Complete mode with an empty result: each batch still commits (an empty overwrite with the
+    // query's txn), where delta-rs refuses a write without batches.
+    let empty = format!(
+        "CREATE STREAMING TABLE e USING delta LOCATION '{}' OPTIONS (outputMode 'complete') AS \
+         SELECT value % 2 AS k, count(*) AS n FROM STREAM rate_micro_batch(rowsPerBatch => 4) \
+         WHERE value < 0 GROUP BY value % 2",
+        path("e")
+    );
+    weir_run(&empty, &path("ck-e"), &["--max-batches", "2"]);
+    let session = reading("e", &path("e")).await;
+    assert_eq!(rows(&session, "SELECT count(*) FROM e").await, vec!["0"]);
+    let log = commits(&path("e"));
+    assert_eq!(
+        log.len(),
+        3,
+        "the table's creation and one commit per batch"
+    );
+    assert!(log[2].contains("\"txn\":{\"appId\""), "{}", log[2]);
+}

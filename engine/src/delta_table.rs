@@ -12,7 +12,10 @@ use datafusion::catalog::{Session, TableProvider, TableProviderFactory};
 use datafusion::datasource::TableType;
 use datafusion::error::{DataFusionError, Result};
 use datafusion::logical_expr::{CreateExternalTable, Expr};
+use datafusion::physical_expr::PhysicalExpr;
+use datafusion::physical_expr::expressions::{CastExpr, Column};
 use datafusion::physical_plan::ExecutionPlan;
+use datafusion::physical_plan::projection::{ProjectionExec, ProjectionExpr};
 use url::Url;
 use weir_common::delta;
 
@@ -63,7 +66,46 @@ impl TableProvider for DeltaLatestTable {
         limit: Option<usize>,
     ) -> Result<Arc<dyn ExecutionPlan>> {
         let provider = self.provider(state).await?;
-        provider.scan(state, projection, filters, limit).await
+        let plan = provider.scan(state, projection, filters, limit).await?;
+        // delta-rs may read strings as views, or a table's types may have moved on: give the
+        // rows the types this table declared when it was registered.
+        let want = match projection {
+            Some(p) => Arc::new(self.schema.project(p)?),
+            None => Arc::clone(&self.schema),
+        };
+        let have = plan.schema();
+        if have.fields().len() != want.fields().len() {
+            return Err(DataFusionError::Plan(format!(
+                "The Delta table at {} now has {} columns where {} were expected; register it \
+                 again.",
+                self.url,
+                have.fields().len(),
+                want.fields().len()
+            )));
+        }
+        if have
+            .fields()
+            .iter()
+            .zip(want.fields())
+            .all(|(h, w)| h.data_type() == w.data_type())
+        {
+            return Ok(plan);
+        }
+        let exprs = want
+            .fields()
+            .iter()
+            .enumerate()
+            .map(|(i, f)| {
+                let column: Arc<dyn PhysicalExpr> = Arc::new(Column::new(have.field(i).name(), i));
+                let expr: Arc<dyn PhysicalExpr> = if have.field(i).data_type() == f.data_type() {
+                    column
+                } else {
+                    Arc::new(CastExpr::new(column, f.data_type().clone(), None))
+                };
+                ProjectionExpr::new(expr, f.name().clone())
+            })
+            .collect::<Vec<_>>();
+        Ok(Arc::new(ProjectionExec::try_new(exprs, plan)?))
     }
 }
 
