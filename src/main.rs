@@ -30,7 +30,26 @@ struct Cli {
 }
 
 #[derive(Subcommand)]
+enum CheckpointCommand {
+    /// What a checkpoint holds: query id, batches, watermark, sources and their committed
+    /// offsets, stateful operators with their schemas and state size. Reads only; a running
+    /// query may own the checkpoint.
+    Inspect {
+        /// The checkpoint location (local path, file:// or s3:// URL).
+        dir: String,
+        /// Print JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+#[derive(Subcommand)]
 enum Command {
+    /// Tools for checkpoints.
+    Checkpoint {
+        #[command(subcommand)]
+        command: CheckpointCommand,
+    },
     /// Run a SQL script; streaming queries run until stopped (Ctrl-C), done, or --max-batches.
     Run {
         /// The SQL file to run.
@@ -199,6 +218,19 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             }
             // The last progress lines are written by the listener thread; wait for them.
             session.streams().flush_listeners().await;
+            Ok(())
+        }
+        Command::Checkpoint {
+            command: CheckpointCommand::Inspect { dir, json },
+        } => {
+            let location =
+                weir::Location::parse_existing_with(&dir, std::iter::empty::<(&str, &str)>())?;
+            let report = weir::checkpoint::inspect::inspect(location).await?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&report)?);
+            } else {
+                print!("{}", report.table());
+            }
             Ok(())
         }
         Command::Bench {

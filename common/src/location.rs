@@ -299,17 +299,29 @@ impl Location {
 
     /// Every object under this location, as paths relative to it.
     pub async fn list_all(&self) -> object_store::Result<Vec<String>> {
+        Ok(self
+            .list_all_sized()
+            .await?
+            .into_iter()
+            .map(|(rel, _)| rel)
+            .collect())
+    }
+
+    /// Every object under this location, as (path relative to it, size in bytes).
+    pub async fn list_all_sized(&self) -> object_store::Result<Vec<(String, u64)>> {
         let metas: Vec<_> = self.store.list(Some(&self.prefix)).try_collect().await?;
         let prefix_parts = self.prefix.parts().count();
         Ok(metas
             .into_iter()
             .map(|m| {
-                m.location
+                let rel = m
+                    .location
                     .parts()
                     .skip(prefix_parts)
                     .map(|p| p.as_ref().to_string())
                     .collect::<Vec<_>>()
-                    .join("/")
+                    .join("/");
+                (rel, m.size)
             })
             .collect())
     }

@@ -14,6 +14,7 @@
 //! Every path is built here. What to replay and what to purge are pure functions in
 //! [`recovery`].
 
+pub mod inspect;
 mod lease;
 pub mod log;
 pub mod recovery;
@@ -115,6 +116,40 @@ impl Checkpoint {
             temporary,
             lock,
             lease,
+        })
+    }
+
+    /// Opens the checkpoint at `location` to read it only: no lock or lease is taken (a running
+    /// query may own it) and nothing is written. A location without a weir checkpoint is
+    /// refused.
+    pub async fn open_read_only(location: Location) -> Result<Self> {
+        let Some(bytes) = location.get(METADATA).await? else {
+            let anything = !location.list_all().await?.is_empty();
+            return Err(Error::user(
+                if anything {
+                    "CHECKPOINT_LOCATION_NOT_WEIR"
+                } else {
+                    "CHECKPOINT_NOT_FOUND"
+                },
+                "42K04",
+                format!(
+                    "There is no weir checkpoint at '{}' (no 'metadata' file{}).",
+                    location.display(),
+                    if anything {
+                        "; it holds other files"
+                    } else {
+                        "; it is empty or missing"
+                    }
+                ),
+            ));
+        };
+        let id = parse_metadata(&location, &bytes)?;
+        Ok(Self {
+            location,
+            id,
+            temporary: false,
+            lock: None,
+            lease: None,
         })
     }
 
