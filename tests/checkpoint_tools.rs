@@ -100,3 +100,44 @@ fn inspect_refuses_what_is_not_a_checkpoint_and_creates_nothing() {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+#[test]
+fn read_state_metadata_lists_each_operator_store_and_the_batches_it_holds() {
+    let dir = tempfile::tempdir().unwrap();
+    let ck = dir.path().join("ck");
+    let ck = ck.to_str().unwrap();
+    let sql = format!(
+        "CREATE STREAMING TABLE c USING delta LOCATION '{}' OPTIONS (outputMode 'complete') AS \
+         SELECT value % 3 AS k, count(*) AS n FROM STREAM rate_micro_batch(rowsPerBatch => 10) \
+         GROUP BY value % 3",
+        dir.path().join("out").display()
+    );
+    run_and_kill_at(&sql, ck, "after_sink", 3);
+    let out = weir(&[
+        "run",
+        "-e",
+        &format!(
+            "SELECT \"operatorId\", \"operatorName\", \"stateStoreName\", \"numPartitions\", \
+             \"minBatchId\", \"maxBatchId\" FROM read_state_metadata('{ck}')"
+        ),
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    // State of batches 0..2 is committed; batch 3's uncommitted version does not count.
+    assert!(
+        text.contains("| 0          | aggregate    | default        | 2             | 0          | 2          |"),
+        "{text}"
+    );
+
+    let out = weir(&["run", "-e", "SELECT * FROM read_state_metadata(42)"]);
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("INVALID_STATE_READER_ARGUMENT"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}

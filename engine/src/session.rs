@@ -142,6 +142,10 @@ impl WeirSession {
             );
             let ctx = SessionContext::new_with_state(state);
             ctx.register_udf(weir_planner::window::window_udf());
+            ctx.register_udtf(
+                "read_state_metadata",
+                Arc::new(crate::state_reader::ReadStateMetadata),
+            );
             ctx.register_udf(weir_planner::session_window::session_window_udf());
             let _ = ctx.register_relation_planner(Arc::new(StreamRelationPlanner::new(
                 Arc::clone(&catalog),

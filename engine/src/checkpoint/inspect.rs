@@ -77,6 +77,8 @@ pub struct OperatorReport {
     pub state_bytes: u64,
     /// The lowest and highest state version its changelogs or snapshots hold.
     pub versions: Option<(u64, u64)>,
+    /// The same per store (`<op>/<partition>/<store>/...`).
+    pub store_versions: BTreeMap<String, (u64, u64)>,
 }
 
 fn ddl(schema: &arrow::datatypes::Schema) -> String {
@@ -153,6 +155,14 @@ pub async fn inspect(location: Location) -> Result<CheckpointReport> {
                     .clone()
                     .filter_map(|(rel, _)| version_of(rel))
                     .collect();
+                let mut store_versions: BTreeMap<String, (u64, u64)> = BTreeMap::new();
+                for (rel, _) in mine.clone() {
+                    let (Some(store), Some(v)) = (rel.split('/').nth(2), version_of(rel)) else {
+                        continue;
+                    };
+                    let e = store_versions.entry(store.to_string()).or_insert((v, v));
+                    *e = (e.0.min(v), e.1.max(v));
+                }
                 OperatorReport {
                     operator_id: op.operator_id,
                     operator_name: op.operator_name.clone(),
@@ -166,6 +176,7 @@ pub async fn inspect(location: Location) -> Result<CheckpointReport> {
                         .min()
                         .copied()
                         .zip(versions.iter().max().copied()),
+                    store_versions,
                 }
             })
             .collect(),
