@@ -227,8 +227,19 @@ async fn complete_mode_rewrites_the_table_and_streaming_it_needs_skip_change_com
             src = path("counts"),
         )
     };
-    let refused = query(session.sql(&stream("")).await.unwrap());
+    // One file per batch: the first commit's rows arrive before the overwrite fails the query
+    // (the source does not read a commit beyond the batch it plans).
+    let limited = ", maxFilesPerTrigger => 1";
+    let refused = query(session.sql(&stream(limited)).await.unwrap());
     let err = refused.process_all_available().await.unwrap_err();
+    assert_eq!(
+        rows(
+            &session,
+            &format!("SELECT parity, n FROM copy{} ORDER BY parity", limited.len())
+        )
+        .await,
+        vec!["0,1", "1,2"]
+    );
     assert_eq!(
         err.cause_error_class(),
         "DELTA_SOURCE_TABLE_IGNORE_CHANGES",

@@ -77,12 +77,15 @@ impl StateMetadataTable {
                 name.push(op.operator_name.clone());
                 store.push(s.clone());
                 parts.push(op.num_partitions as i32);
-                // State version v holds the state after batch v - 1.
-                let range = op.store_versions.get(s).map(|&(a, b)| {
-                    let last = b.saturating_sub(1) as i64;
-                    let last = report.last_committed.map_or(last, |c| last.min(c as i64));
-                    (a.saturating_sub(1) as i64, last)
-                });
+                // State version v holds the state after batch v - 1; only committed batches
+                // count.
+                let range = match (op.store_versions.get(s), report.last_committed) {
+                    (Some(&(a, b)), Some(c)) => {
+                        let (first, last) = (a.saturating_sub(1), b.saturating_sub(1).min(c));
+                        (first <= last).then_some((first as i64, last as i64))
+                    }
+                    _ => None,
+                };
                 lo.push(range.map(|r| r.0));
                 hi.push(range.map(|r| r.1));
             }

@@ -64,8 +64,11 @@ fn walk(dir: &Path) -> std::io::Result<Vec<(String, u64, SystemTime)>> {
             if entry.file_name().to_string_lossy().starts_with('.') {
                 continue;
             }
-            let Ok(meta) = entry.metadata() else {
-                continue;
+            let meta = match entry.metadata() {
+                Ok(m) => m,
+                // Purged while we looked.
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+                Err(e) => return Err(e),
             };
             let path = entry.path();
             if meta.is_dir() {
@@ -188,18 +191,23 @@ impl StateMirror {
             .filter(|rel| !present.contains(*rel))
             .cloned()
             .collect();
-        futures::stream::iter(gone.iter().cloned().map(|rel| {
-            let remote = self.remote.clone();
-            async move {
-                remote
-                    .delete(&rel)
-                    .await
-                    .map_err(|e| storage(e, "remove purged files of"))
-            }
-        }))
-        .buffer_unordered(PARALLEL)
-        .try_collect::<Vec<()>>()
-        .await?;
+        // Purged manifests first: a manifest must never outlive a file it names.
+        let (gone_manifests, gone_files): (Vec<String>, Vec<String>) =
+            gone.iter().cloned().partition(|rel| is_manifest(rel));
+        for round in [gone_manifests, gone_files] {
+            futures::stream::iter(round.into_iter().map(|rel| {
+                let remote = self.remote.clone();
+                async move {
+                    remote
+                        .delete(&rel)
+                        .await
+                        .map_err(|e| storage(e, "remove purged files of"))
+                }
+            }))
+            .buffer_unordered(PARALLEL)
+            .try_collect::<Vec<()>>()
+            .await?;
+        }
         if let Ok(mut k) = self.known.lock() {
             for rel in &gone {
                 k.remove(rel);

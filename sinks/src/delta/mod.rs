@@ -164,14 +164,13 @@ impl DeltaSink {
                 .await;
             return match created {
                 Ok(t) => Ok(t),
-                // Another writer created it meanwhile: check that one.
-                Err(_) => {
+                // Another writer may have created it meanwhile: check that one.
+                Err(e) => {
                     let t = delta::open(&self.url, &self.options.storage).await?;
                     if t.version().is_none() {
-                        return Err(ClassifiedError::new(
-                            "DELTA_CREATE_TABLE_FAILED",
-                            "58030",
-                            format!("Cannot create the Delta table at {}.", self.url),
+                        return Err(delta::error(
+                            e,
+                            &format!("create the Delta table at {}", self.url),
                         )
                         .into());
                     }

@@ -20,7 +20,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
 use arrow::array::{ArrayRef, StringArray, new_null_array};
-use arrow::compute::cast;
+use arrow::compute::cast_with_options;
 use arrow::datatypes::{Field, Schema, SchemaRef};
 use arrow::record_batch::RecordBatch;
 use async_trait::async_trait;
@@ -256,6 +256,7 @@ impl SourceProvider for DeltaSourceProvider {
             .metadata()
             .partition_columns()
             .to_vec();
+        let loaded = table.version().unwrap_or(0);
         let mut stream = DeltaStream {
             options: Arc::clone(&self.options),
             url: self.url.clone(),
@@ -266,7 +267,8 @@ impl SourceProvider for DeltaSourceProvider {
             initial: Position::default(),
             versions: BTreeMap::new(),
             snapshot: None,
-            latest_version: 0,
+            // Where the log starts being listed: old commit files may have been cleaned up.
+            latest_version: loaded,
             latest: None,
             cap: None,
         };
@@ -291,6 +293,17 @@ struct DeltaSourceOffset {
     reservoir_version: u64,
     index: i64,
     is_starting_version: bool,
+}
+
+/// How far a walk over the table goes.
+#[derive(Debug, Clone, Copy, Default)]
+struct Limits {
+    /// At most this many files.
+    files: Option<u64>,
+    /// About this many bytes, at least one file.
+    bytes: Option<u64>,
+    /// Up to and including this position.
+    end: Option<Position>,
 }
 
 /// One data file to read.
@@ -611,20 +624,23 @@ impl DeltaStream {
             .collect()
     }
 
-    /// Walks from `start` to the end of the table (or the cap), calling `take` with each file in
-    /// order until it says stop; returns the position of the last file taken.
-    async fn walk(
-        &mut self,
-        start: Position,
-        mut take: impl FnMut(&DataFile, Position) -> bool,
-    ) -> Result<(Position, Vec<DataFile>)> {
+    /// Walks from `start` towards the end of the table (or the cap), taking files in order
+    /// until `limits` are reached; returns the position of the last file taken and the files.
+    /// It stops before reading a commit it does not need, so a commit beyond the batch (one
+    /// that would fail the query, say) is not read early.
+    async fn walk(&mut self, start: Position, limits: Limits) -> Result<(Position, Vec<DataFile>)> {
         let last = self
             .cap
             .unwrap_or(self.latest_version)
             .min(self.latest_version);
+        let key = |p: Position| (p.version, p.index);
         let (mut at, mut end, mut taken) = (start, start, vec![]);
+        let (mut files_n, mut bytes_n) = (0u64, 0u64);
         loop {
-            if !at.snapshot && at.version > last {
+            let reached_end = limits.end.is_some_and(|e| key(at) >= key(e));
+            let full = limits.files.is_some_and(|m| files_n >= m)
+                || limits.bytes.is_some_and(|m| bytes_n >= m);
+            if reached_end || full || (!at.snapshot && at.version > last) {
                 break;
             }
             let files = self.files(at.version, at.snapshot).await?;
@@ -637,15 +653,17 @@ impl DeltaStream {
                 };
                 continue;
             };
-            let here = Position {
-                index: at.index + 1,
-                ..at
-            };
-            if !take(f, here) {
+            // Bytes are a soft limit: at least one file per batch.
+            if limits
+                .bytes
+                .is_some_and(|m| files_n > 0 && bytes_n + f.size > m)
+            {
                 break;
             }
-            at = here;
+            at.index += 1;
             end = at;
+            files_n += 1;
+            bytes_n += f.size;
             taken.push(f.clone());
         }
         Ok((end, taken))
@@ -704,7 +722,11 @@ impl DeltaStream {
                         None => Ok(new_null_array(field.data_type(), n)),
                         Some(v) => {
                             let text: ArrayRef = Arc::new(StringArray::from(vec![v.as_str(); n]));
-                            cast(&text, field.data_type()).map_err(|e| {
+                            let strict = arrow::compute::CastOptions {
+                                safe: false,
+                                ..Default::default()
+                            };
+                            cast_with_options(&text, field.data_type(), &strict).map_err(|e| {
                                 failed_read(
                                     &f.path,
                                     format!(
@@ -775,21 +797,18 @@ impl MicroBatchStream for DeltaStream {
             ReadLimit::MaxFiles(n) => (Some(n), self.options.max_bytes),
             ReadLimit::MaxBytes(b) => (self.options.max_files, Some(b)),
         };
-        let (mut files, mut bytes) = (0u64, 0u64);
-        let (end, _) = self
-            .walk(start, |f, _| {
-                let over_files = max_files.is_some_and(|m| files >= m);
-                let over_bytes = max_bytes.is_some_and(|m| files > 0 && bytes + f.size > m);
-                if over_files || over_bytes {
-                    return false;
-                }
-                files += 1;
-                bytes += f.size;
-                true
-            })
-            .await?;
-        let (newest, _) = self.walk(end, |_, _| true).await?;
-        self.latest = Some(self.offset(newest));
+        let limits = Limits {
+            files: max_files,
+            bytes: max_bytes,
+            end: None,
+        };
+        let (end, _) = self.walk(start, limits).await?;
+        // Everything up to the latest version, without reading the commits in between.
+        self.latest = Some(self.offset(Position {
+            version: self.latest_version + 1,
+            index: -1,
+            snapshot: false,
+        }));
         Ok(self.offset(end))
     }
 
@@ -802,8 +821,11 @@ impl MicroBatchStream for DeltaStream {
         if end.version > self.latest_version {
             self.refresh_latest().await?;
         }
-        let key = |p: Position| (p.version, p.index);
-        let (reached, files) = self.walk(start, |_, p| key(p) <= key(end)).await?;
+        let limits = Limits {
+            end: Some(end),
+            ..Limits::default()
+        };
+        let (reached, files) = self.walk(start, limits).await?;
         if reached != end {
             return Err(Error::Corrupt(format!(
                 "The offsets log asks the Delta source on {} for the files up to {}, which the \
@@ -840,7 +862,7 @@ impl MicroBatchStream for DeltaStream {
         let start = self.position(start)?;
         let latest = self.refresh_latest().await?;
         self.cap = Some(latest);
-        let (end, _) = self.walk(start, |_, _| true).await?;
+        let (end, _) = self.walk(start, Limits::default()).await?;
         Ok(self.offset(end))
     }
 }
