@@ -235,7 +235,10 @@ async fn complete_mode_rewrites_the_table_and_streaming_it_needs_skip_change_com
     assert_eq!(
         rows(
             &session,
-            &format!("SELECT parity, n FROM copy{} ORDER BY parity", limited.len())
+            &format!(
+                "SELECT parity, n FROM copy{} ORDER BY parity",
+                limited.len()
+            )
         )
         .await,
         vec!["0,1", "1,2"]
