@@ -58,6 +58,12 @@ fn inspect_reports_batches_sources_and_operators_and_writes_nothing() {
     let r: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(r["offsets"], serde_json::json!([0, 3]));
     assert_eq!(r["lastCommitted"], 2);
+    assert_eq!(r["sink"]["format"], "delta");
+    assert!(
+        r["sink"]["identity"].as_str().unwrap().ends_with("/out/"),
+        "{}",
+        r["sink"]
+    );
     assert_eq!(r["pending"], 3);
     let source = &r["sources"][0];
     assert_eq!(source["source"], "rate-micro-batch");

@@ -660,7 +660,7 @@ impl DataStreamWriter {
         };
         let (location, temporary) = match &self.checkpoint {
             Some(dir) => (Location::parse(dir)?, false),
-            None if sink.is_idempotent() && sink.as_any().downcast_ref::<FileSink>().is_some() => {
+            None if sink.is_idempotent() && sink.identity().is_some() => {
                 return Err(Error::user(
                     "CHECKPOINT_LOCATION_REQUIRED",
                     "42601",
@@ -686,6 +686,11 @@ impl DataStreamWriter {
         let checkpoint = Checkpoint::open(location, temporary).await?;
         let identities: Vec<String> = tables.iter().map(|t| t.source().identity()).collect();
         let restart = RestartPoint::read(&checkpoint, &identities).await?;
+        let logged = restart.is_some();
+        if let Err(e) = check_sink(&checkpoint, &self.format, sink.as_ref(), logged).await {
+            checkpoint.delete_if_temporary();
+            return Err(e);
+        }
 
         // The partition count is fixed when the checkpoint is created (state is partitioned by
         // it): a restart reuses the logged value, and a different session value is reported,
@@ -905,6 +910,49 @@ async fn check_state(
         None => {}
     }
     Ok(operators)
+}
+
+/// Refuses a restart whose exactly-once sink writes somewhere else than the checkpoint's
+/// batches went (their output would be split between two places), and records the sink.
+/// Writing to a sink without an identity (console, Kafka, foreach-batch) after a file sink is
+/// allowed, as Spark allows a file sink changed to Kafka; the reverse is refused.
+async fn check_sink(
+    checkpoint: &Checkpoint,
+    format: &str,
+    sink: &dyn Sink,
+    logged: bool,
+) -> Result<()> {
+    let now = crate::checkpoint::SinkRecord {
+        format: format.to_ascii_lowercase(),
+        identity: sink.identity(),
+    };
+    let was = checkpoint.read_sink().await?;
+    if let (true, Some(was), Some(identity)) = (logged, &was, &now.identity)
+        && (was.format != now.format || was.identity.as_ref() != Some(identity))
+    {
+        let target = |r: &crate::checkpoint::SinkRecord| match &r.identity {
+            Some(i) => format!("the {} sink at '{i}'", r.format),
+            None => format!("the {} sink", r.format),
+        };
+        return Err(Error::user(
+            "STREAMING_SINK_CHANGED",
+            "42K03",
+            format!(
+                "The checkpoint's batches were written to {}, but the query now writes to {}. \
+                 An exactly-once sink's output belongs to the checkpoint's batches: the new \
+                 target would miss the batches already written and would not be read with \
+                 them. Write to {} again, or start the changed query with a new checkpoint \
+                 location.",
+                target(was),
+                target(&now),
+                target(was)
+            ),
+        ));
+    }
+    if was.as_ref() != Some(&now) {
+        checkpoint.write_sink(&now).await?;
+    }
+    Ok(())
 }
 
 /// Makes a memory sink's table, or a named file sink's output, queryable in the session under

@@ -183,6 +183,10 @@ impl Sink for FileSink {
         )
     }
 
+    fn identity(&self) -> Option<String> {
+        Some(self.location.display().to_string())
+    }
+
     fn is_idempotent(&self) -> bool {
         true
     }

@@ -89,6 +89,14 @@ pub trait Sink: Debug + Send + Sync {
         &[OutputMode::Append, OutputMode::Update, OutputMode::Complete]
     }
 
+    /// Where an exactly-once sink keeps its output, if its output is tied to the checkpoint's
+    /// batches (a file sink's folder, a Delta table): recorded in the checkpoint, so that a
+    /// restart writing elsewhere is refused. `None` for sinks whose target may change between
+    /// restarts (console, Kafka, foreach-batch).
+    fn identity(&self) -> Option<String> {
+        None
+    }
+
     /// Called once per run, after the checkpoint is open and before the first batch, with the
     /// query's id (the same across restarts).
     async fn open(&self, _query_id: &str) -> Result<()> {

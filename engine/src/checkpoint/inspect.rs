@@ -26,6 +26,8 @@ pub struct CheckpointReport {
     pub location: String,
     /// The query's ID.
     pub query_id: Uuid,
+    /// The sink the batches were written to, as recorded.
+    pub sink: Option<super::SinkRecord>,
     /// Batch IDs with an offsets entry: the first and the last (`None` when there is none).
     pub offsets: Option<(u64, u64)>,
     /// The last batch with a commits entry.
@@ -184,6 +186,7 @@ pub async fn inspect(location: Location) -> Result<CheckpointReport> {
     Ok(CheckpointReport {
         location: ck.location().display().to_string(),
         query_id: ck.id(),
+        sink: ck.read_sink().await?,
         offsets: offsets.first().copied().zip(offsets.last().copied()),
         last_committed,
         pending,
@@ -209,6 +212,16 @@ impl CheckpointReport {
         let mut out = String::new();
         let _ = writeln!(out, "checkpoint      {}", self.location);
         let _ = writeln!(out, "query id        {}", self.query_id);
+        if let Some(sink) = &self.sink {
+            let _ = writeln!(
+                out,
+                "sink            {}{}",
+                sink.format,
+                sink.identity
+                    .as_ref()
+                    .map_or(String::new(), |i| format!(" at {i}"))
+            );
+        }
         let batches = match (self.offsets, self.last_committed, self.pending) {
             (None, ..) => "none yet".to_string(),
             (Some((lo, hi)), committed, pending) => format!(

@@ -4,6 +4,7 @@
 //! <checkpoint>/metadata        {"id":"<query uuid>","weirCheckpointVersion":1}
 //! <checkpoint>/offsets/<N>     write-ahead log entry of batch N (see [`log`])
 //! <checkpoint>/commits/<N>     commit marker of batch N
+//! <checkpoint>/sink            the sink the batches were written to (format, location)
 //! <checkpoint>/sources/<i>/    source-private files of the source at position i
 //! <checkpoint>/state/_metadata the stateful operators (IDs, names, schemas, fingerprints)
 //! <checkpoint>/state/<op>/<partition>/<store>/   each state store's files
@@ -38,6 +39,7 @@ const COMMITS: &str = "commits";
 const SOURCES: &str = "sources";
 const STATE: &str = "state";
 const STATE_METADATA: &str = "state/_metadata";
+const SINK: &str = "sink";
 const LOCK: &str = ".weir-lock";
 const CHECKPOINT_VERSION: u32 = 1;
 
@@ -47,6 +49,16 @@ struct Metadata {
     id: Uuid,
     #[serde(default)]
     weir_checkpoint_version: Option<u32>,
+}
+
+/// The sink a checkpoint's batches were written to (`<checkpoint>/sink`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SinkRecord {
+    /// The sink format.
+    pub format: String,
+    /// Where an exactly-once sink keeps its output ([`weir_sinks::Sink::identity`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub identity: Option<String>,
 }
 
 /// An open checkpoint, owned by one run of one query.
@@ -196,6 +208,27 @@ impl Checkpoint {
         self.location
             .put_if_absent(STATE_METADATA, Bytes::from(metadata.encode()))
             .await?;
+        Ok(())
+    }
+
+    /// Reads `sink`: what the batches so far were written to, if recorded.
+    pub async fn read_sink(&self) -> Result<Option<SinkRecord>> {
+        let Some(bytes) = self.location.get(SINK).await? else {
+            return Ok(None);
+        };
+        serde_json::from_slice(&bytes)
+            .map(Some)
+            .map_err(|e| Error::Corrupt {
+                file: self.file(SINK),
+                problem: format!("is not a sink record ({e})"),
+            })
+    }
+
+    /// Records the sink the next batches are written to.
+    pub async fn write_sink(&self, record: &SinkRecord) -> Result<()> {
+        self.check_lease()?;
+        let text = serde_json::to_string(record).map_err(|e| Error::Internal(e.to_string()))?;
+        self.location.put(SINK, Bytes::from(text)).await?;
         Ok(())
     }
 

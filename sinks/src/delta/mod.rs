@@ -253,6 +253,10 @@ impl Sink for DeltaSink {
         format!("DeltaSink[{}]", self.url)
     }
 
+    fn identity(&self) -> Option<String> {
+        Some(self.url.to_string())
+    }
+
     fn is_idempotent(&self) -> bool {
         true
     }
