@@ -34,19 +34,25 @@ fn files(dir: &std::path::Path) -> Vec<(String, u64)> {
     out
 }
 
-#[test]
-fn inspect_reports_batches_sources_and_operators_and_writes_nothing() {
-    let dir = tempfile::tempdir().unwrap();
-    let ck = dir.path().join("ck");
-    let ck = ck.to_str().unwrap();
+/// A checkpoint `<dir>/ck` of a `GROUP BY` into a Delta table at `<dir>/out`: batches 0..2
+/// committed, batch 3 logged and killed before its commit. Returns the checkpoint's path.
+fn killed_aggregation(dir: &std::path::Path) -> String {
+    let ck = dir.join("ck").to_str().unwrap().to_string();
     let sql = format!(
         "CREATE STREAMING TABLE c USING delta LOCATION '{}' OPTIONS (outputMode 'complete') AS \
          SELECT value % 3 AS k, count(*) AS n FROM STREAM rate_micro_batch(rowsPerBatch => 10) \
          GROUP BY value % 3",
-        dir.path().join("out").display()
+        dir.join("out").display()
     );
-    // Batches 0..2 committed, batch 3 logged and killed before its commit.
-    run_and_kill_at(&sql, ck, "after_sink", 3);
+    run_and_kill_at(&sql, &ck, "after_sink", 3);
+    ck
+}
+
+#[test]
+fn inspect_reports_batches_sources_and_operators_and_writes_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let ck = killed_aggregation(dir.path());
+    let ck = ck.as_str();
     let before = files(dir.path());
 
     let out = weir(&["checkpoint", "inspect", ck, "--json"]);
@@ -110,15 +116,8 @@ fn inspect_refuses_what_is_not_a_checkpoint_and_creates_nothing() {
 #[test]
 fn read_state_metadata_lists_each_operator_store_and_the_batches_it_holds() {
     let dir = tempfile::tempdir().unwrap();
-    let ck = dir.path().join("ck");
-    let ck = ck.to_str().unwrap();
-    let sql = format!(
-        "CREATE STREAMING TABLE c USING delta LOCATION '{}' OPTIONS (outputMode 'complete') AS \
-         SELECT value % 3 AS k, count(*) AS n FROM STREAM rate_micro_batch(rowsPerBatch => 10) \
-         GROUP BY value % 3",
-        dir.path().join("out").display()
-    );
-    run_and_kill_at(&sql, ck, "after_sink", 3);
+    let ck = killed_aggregation(dir.path());
+    let ck = ck.as_str();
     let out = weir(&[
         "run",
         "-e",

@@ -261,6 +261,14 @@ impl SourceProvider for DeltaSourceProvider {
             options: Arc::clone(&self.options),
             url: self.url.clone(),
             schema: Arc::clone(&self.schema),
+            file_schema: Arc::new(Schema::new(
+                self.schema
+                    .fields()
+                    .iter()
+                    .filter(|f| !partition_columns.contains(f.name()))
+                    .cloned()
+                    .collect::<Vec<_>>(),
+            )),
             partition_columns,
             table,
             reservoir_id,
@@ -320,6 +328,8 @@ struct DeltaStream {
     url: Url,
     schema: SchemaRef,
     partition_columns: Vec<String>,
+    /// The columns the data files hold: the schema without the partition columns.
+    file_schema: SchemaRef,
     table: DeltaTable,
     reservoir_id: String,
     initial: Position,
@@ -689,18 +699,10 @@ impl DeltaStream {
         })
         .await
         .map_err(|e| Error::Corrupt(format!("a Delta file reader failed: {e}")))??;
-        let file_schema = Arc::new(Schema::new(
-            self.schema
-                .fields()
-                .iter()
-                .filter(|fl| !self.partition_columns.contains(fl.name()))
-                .cloned()
-                .collect::<Vec<_>>(),
-        ));
         batches
             .iter()
             .map(|b| {
-                let data = conform(&file_schema, b, &f.path)?;
+                let data = conform(&self.file_schema, b, &f.path)?;
                 self.with_partition_values(&data, &f)
             })
             .collect()
