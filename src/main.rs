@@ -41,6 +41,20 @@ enum CheckpointCommand {
         #[arg(long)]
         json: bool,
     },
+    /// Whether a query (a SQL file) would restart from a checkpoint: runs every restart check
+    /// without executing anything or writing to the checkpoint, and prints the checkpoint's
+    /// and the query's sources, sink and stateful operators side by side with what refuses
+    /// the restart. Exit code 0 only when the restart would be accepted.
+    Validate {
+        /// The checkpoint location (local path, file:// or s3:// URL).
+        dir: String,
+        /// The SQL file of the query (its streaming statement's own checkpointLocation is
+        /// replaced by DIR).
+        file: PathBuf,
+        /// Print JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 #[derive(Subcommand)]
@@ -142,7 +156,7 @@ fn main() -> std::process::ExitCode {
         }
     };
     match rt.block_on(run(cli)) {
-        Ok(()) => std::process::ExitCode::SUCCESS,
+        Ok(code) => code,
         Err(e) => {
             match e.downcast_ref::<weir::Error>() {
                 // weir's errors already say what is wrong and what to do; the chain would repeat it.
@@ -154,7 +168,8 @@ fn main() -> std::process::ExitCode {
     }
 }
 
-async fn run(cli: Cli) -> anyhow::Result<()> {
+async fn run(cli: Cli) -> anyhow::Result<std::process::ExitCode> {
+    use std::process::ExitCode;
     match cli.command {
         Command::Run {
             file,
@@ -201,11 +216,11 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                         );
                     }
                     StatementResult::Query(q) => queries.push(q),
-                    StatementResult::Done => {}
+                    StatementResult::Done | StatementResult::Validated(_) => {}
                 }
             }
             if queries.is_empty() {
-                return Ok(());
+                return Ok(ExitCode::SUCCESS);
             }
             let all = futures::future::join_all(queries.iter().map(|q| q.await_termination()));
             tokio::select! {
@@ -218,7 +233,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             }
             // The last progress lines are written by the listener thread; wait for them.
             session.streams().flush_listeners().await;
-            Ok(())
+            Ok(ExitCode::SUCCESS)
         }
         Command::Checkpoint {
             command: CheckpointCommand::Inspect { dir, json },
@@ -231,7 +246,38 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             } else {
                 print!("{}", report.table());
             }
-            Ok(())
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Checkpoint {
+            command: CheckpointCommand::Validate { dir, file, json },
+        } => {
+            let sql = std::fs::read_to_string(&file)
+                .with_context(|| format!("cannot read the SQL file {}", file.display()))?;
+            let opts = ScriptOptions {
+                checkpoint: Some(dir),
+                ..ScriptOptions::default()
+            };
+            let results = WeirSession::new().validate_script(&sql, &opts).await?;
+            let Some(report) = results.into_iter().find_map(|r| match r {
+                StatementResult::Validated(r) => Some(r),
+                _ => None,
+            }) else {
+                anyhow::bail!(
+                    "{} starts no streaming query: there is nothing to validate against the \
+                     checkpoint",
+                    file.display()
+                );
+            };
+            if json {
+                println!("{}", serde_json::to_string_pretty(&report)?);
+            } else {
+                print!("{}", report.table());
+            }
+            Ok(if report.accepted {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::FAILURE
+            })
         }
         Command::Bench {
             workload,
@@ -262,7 +308,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             } else {
                 print!("{}", report.table());
             }
-            Ok(())
+            Ok(ExitCode::SUCCESS)
         }
     }
 }

@@ -263,7 +263,9 @@ impl AsyncDB for WeirDb {
                     DBOutput::StatementComplete(0)
                 }
                 StatementResult::Rows(batches) => to_output(&batches)?,
-                StatementResult::Done => DBOutput::StatementComplete(0),
+                StatementResult::Done | StatementResult::Validated(_) => {
+                    DBOutput::StatementComplete(0)
+                }
             };
         }
         Ok(output)

@@ -116,22 +116,18 @@ impl RestartPoint {
         }
     }
 
-    /// Reads where `checkpoint` left off and checks that the logged batch read as many sources
-    /// as the query has now.
-    pub(crate) async fn read(checkpoint: &Checkpoint, sources: &[String]) -> Result<Option<Self>> {
-        let (point, batch) = match checkpoint.resume_point().await? {
+    /// Reads where `checkpoint` left off (a damaged log is an error).
+    pub(crate) async fn read(checkpoint: &Checkpoint) -> Result<Option<Self>> {
+        let point = match checkpoint.resume_point().await? {
             Resume::Fresh => return Ok(None),
             Resume::After { last } => {
                 let entry = checkpoint.read_offsets(last).await?;
                 let commit = checkpoint.read_commit(last).await?;
-                (
-                    Self::After {
-                        last,
-                        entry,
-                        commit,
-                    },
+                Self::After {
                     last,
-                )
+                    entry,
+                    commit,
+                }
             }
             Resume::Replay { batch, last } => {
                 let entry = checkpoint.read_offsets(batch).await?;
@@ -139,19 +135,28 @@ impl RestartPoint {
                 for b in batch + 1..=last {
                     later.push(checkpoint.read_offsets(b).await?);
                 }
-                (
-                    Self::Replay {
-                        batch,
-                        entry,
-                        later,
-                    },
+                Self::Replay {
                     batch,
-                )
+                    entry,
+                    later,
+                }
             }
         };
-        let entry = match &point {
-            Self::After { entry, .. } | Self::Replay { entry, .. } => entry,
-        };
+        Ok(Some(point))
+    }
+
+    /// The newest logged batch a restart starts from, and its offsets entry.
+    pub(crate) fn entry(&self) -> (u64, &OffsetEntry) {
+        match self {
+            Self::After { last, entry, .. } => (*last, entry),
+            Self::Replay { batch, entry, .. } => (*batch, entry),
+        }
+    }
+
+    /// Refuses `sources` (the identities of the query's sources now, by position) when the
+    /// logged batch read other sources or another number of them.
+    pub(crate) fn check_sources(&self, sources: &[String]) -> Result<()> {
+        let (batch, entry) = self.entry();
         let logged = entry.sources.len();
         let sources_now = sources.len();
         if let Some((i, was, now)) =
@@ -188,7 +193,7 @@ impl RestartPoint {
                 ),
             ));
         }
-        Ok(Some(point))
+        Ok(())
     }
 }
 

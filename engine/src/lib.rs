@@ -21,6 +21,7 @@ mod session;
 pub mod state_reader;
 mod stateful;
 mod trigger;
+pub mod validate;
 
 pub use checkpoint::Checkpoint;
 pub use error::{Error, Result};
@@ -37,5 +38,6 @@ pub use script::{ScriptOptions, StatementResult};
 pub use session::{DataFrameStreamExt, DataStreamReader, DataStreamWriter, WeirSession};
 pub use stateful::StateBackend;
 pub use trigger::Trigger;
+pub use validate::ValidationReport;
 pub use weir_sinks::OutputMode;
 pub use weir_state::RocksDbConfig;

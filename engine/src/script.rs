@@ -34,8 +34,18 @@ pub enum StatementResult {
     Query(StreamingQuery),
     /// It was a batch query; these are its rows.
     Rows(Vec<RecordBatch>),
-    /// It changed the session (DDL, a declaration).
+    /// It changed the session (DDL, a declaration), or it was skipped while validating.
     Done,
+    /// It was a streaming query checked against its checkpoint, not started
+    /// ([`WeirSession::validate_script`]).
+    Validated(Box<crate::ValidationReport>),
+}
+
+/// Whether a script's streaming queries start or are only checked.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    Run,
+    Validate,
 }
 
 const RESERVED: &[&str] = &["checkpointLocation", "trigger", "outputMode", "queryName"];
@@ -61,6 +71,26 @@ impl WeirSession {
         script: &str,
         opts: &ScriptOptions,
     ) -> Result<Vec<StatementResult>> {
+        self.script(script, opts, Mode::Run).await
+    }
+
+    /// Checks each streaming query of `script` against its checkpoint
+    /// ([`DataStreamWriter::validate`]) instead of starting it. Declarations and DDL run, as
+    /// the queries need them; batch queries and DML are skipped, so nothing is written.
+    pub async fn validate_script(
+        &self,
+        script: &str,
+        opts: &ScriptOptions,
+    ) -> Result<Vec<StatementResult>> {
+        self.script(script, opts, Mode::Validate).await
+    }
+
+    async fn script(
+        &self,
+        script: &str,
+        opts: &ScriptOptions,
+        mode: Mode,
+    ) -> Result<Vec<StatementResult>> {
         let mut out = vec![];
         let mut started_with_shared_checkpoint = 0;
         for stmt in parse_script(script)? {
@@ -72,8 +102,14 @@ impl WeirSession {
                     }
                     Some(q) => {
                         let plan = self.plan_sql(q).await?;
-                        self.start_into(&decl, plan, opts, &mut started_with_shared_checkpoint)
-                            .await?
+                        self.start_into(
+                            &decl,
+                            plan,
+                            opts,
+                            &mut started_with_shared_checkpoint,
+                            mode,
+                        )
+                        .await?
                     }
                 },
                 Statement::Insert { table, query, sql } => {
@@ -86,9 +122,16 @@ impl WeirSession {
                     match decl {
                         Some(decl) => {
                             let plan = self.plan_sql(&query).await?;
-                            self.start_into(&decl, plan, opts, &mut started_with_shared_checkpoint)
-                                .await?
+                            self.start_into(
+                                &decl,
+                                plan,
+                                opts,
+                                &mut started_with_shared_checkpoint,
+                                mode,
+                            )
+                            .await?
                         }
+                        None if mode == Mode::Validate => StatementResult::Done,
                         None => self.batch(&sql).await?,
                     }
                 }
@@ -108,8 +151,16 @@ impl WeirSession {
                             options: Options::new(),
                             query: Some(sql),
                         };
-                        self.start_into(&decl, plan, opts, &mut started_with_shared_checkpoint)
-                            .await?
+                        self.start_into(
+                            &decl,
+                            plan,
+                            opts,
+                            &mut started_with_shared_checkpoint,
+                            mode,
+                        )
+                        .await?
+                    } else if mode == Mode::Validate && !matches!(plan, LogicalPlan::Ddl(_)) {
+                        StatementResult::Done
                     } else {
                         let df = self.context().execute_logical_plan(plan).await?;
                         StatementResult::Rows(df.collect().await?)
@@ -156,6 +207,7 @@ impl WeirSession {
         plan: LogicalPlan,
         opts: &ScriptOptions,
         shared_checkpoint_uses: &mut usize,
+        mode: Mode,
     ) -> Result<StatementResult> {
         let o = &decl.options;
         let format = decl.format.clone().unwrap_or_else(|| {
@@ -208,6 +260,9 @@ impl WeirSession {
         if let Some(n) = opts.max_batches {
             w = w.max_batches(n);
         }
-        Ok(StatementResult::Query(w.start().await?))
+        Ok(match mode {
+            Mode::Run => StatementResult::Query(w.start().await?),
+            Mode::Validate => StatementResult::Validated(Box::new(w.validate().await?)),
+        })
     }
 }

@@ -613,12 +613,13 @@ impl DataStreamWriter {
         self
     }
 
-    /// Checks the query, opens the checkpoint and starts the query.
-    pub async fn start(self) -> Result<StreamingQuery> {
-        if let Some(e) = self.invalid {
+    /// Rewrites the plan for streaming, checks it, and creates the sink; nothing is opened or
+    /// written.
+    fn plan_query(&mut self) -> Result<Planned> {
+        if let Some(e) = self.invalid.take() {
             return Err(e);
         }
-        let inner = self.session;
+        let inner = &self.session;
         if !is_streaming(&self.plan) {
             return Err(Error::user(
                 "NOT_A_STREAMING_QUERY",
@@ -627,22 +628,21 @@ impl DataStreamWriter {
                  source with read_stream() or FROM STREAM ..., or run it as a batch query.",
             ));
         }
-        let plan = weir_planner::dedupe::rewrite_distinct_on(self.plan)?;
+        let plan = weir_planner::dedupe::rewrite_distinct_on(self.plan.clone())?;
         let plan = weir_planner::join::rewrite_stream_joins(plan)?;
         let plan = weir_planner::window::expand_sliding_windows(plan)?;
         let plan = weir_planner::session_window::rewrite_session_windows(plan)?;
         check_streaming_plan(&plan, self.output_mode)?;
         let stateful = has_stateful_operator(&plan);
         let plan = with_fresh_streaming_tables(plan)?;
-        let state = inner.ctx.state();
         // Optimized here only to find errors before anything starts; each batch optimizes the
         // plan again with its own batch time, so now() is the batch's time, as in Spark.
-        let optimized = state.optimize(&plan)?;
+        let optimized = inner.ctx.state().optimize(&plan)?;
         let tables = streaming_tables(&plan);
         let schema = Arc::new(optimized.schema().as_arrow().clone());
 
-        let sink: Arc<dyn Sink> = match self.foreach {
-            Some(f) => Arc::new(ForeachBatchSink::new(f)),
+        let sink: Arc<dyn Sink> = match &self.foreach {
+            Some(f) => Arc::new(ForeachBatchSink::new(Arc::clone(f))),
             None => {
                 let spec = SinkSpec {
                     format: self.format.clone(),
@@ -658,6 +658,32 @@ impl DataStreamWriter {
                 registry.create(&spec)?
             }
         };
+        let sink_record = crate::checkpoint::SinkRecord {
+            format: self.format.to_ascii_lowercase(),
+            identity: sink.identity(),
+        };
+        Ok(Planned {
+            plan,
+            stateful,
+            tables,
+            schema,
+            sink,
+            sink_record,
+        })
+    }
+
+    /// Checks the query, opens the checkpoint and starts the query.
+    pub async fn start(mut self) -> Result<StreamingQuery> {
+        let Planned {
+            plan,
+            stateful,
+            tables,
+            schema,
+            sink,
+            sink_record,
+        } = self.plan_query()?;
+        let inner = self.session;
+        let state = inner.ctx.state();
         let (location, temporary) = match &self.checkpoint {
             Some(dir) => (Location::parse(dir)?, false),
             None if sink.is_idempotent() && sink.identity().is_some() => {
@@ -685,29 +711,26 @@ impl DataStreamWriter {
         };
         let checkpoint = Checkpoint::open(location, temporary).await?;
         let identities: Vec<String> = tables.iter().map(|t| t.source().identity()).collect();
-        let restart = RestartPoint::read(&checkpoint, &identities).await?;
+        let restart = RestartPoint::read(&checkpoint).await?;
+        if let Some(r) = &restart {
+            r.check_sources(&identities)?;
+        }
         let logged = restart.is_some();
-        if let Err(e) = check_sink(&checkpoint, &self.format, sink.as_ref(), logged).await {
+        if let Err(e) = check_sink(&checkpoint, &sink_record, logged).await {
             checkpoint.delete_if_temporary();
             return Err(e);
         }
 
-        // The partition count is fixed when the checkpoint is created (state is partitioned by
-        // it): a restart reuses the logged value, and a different session value is reported,
-        // not applied, as Spark does with spark.sql.shuffle.partitions.
         let mut state = state;
-        let session_partitions = state.config().target_partitions();
-        let partitions = match restart.as_ref().and_then(|r| r.logged_partitions()) {
-            Some(logged) if logged != session_partitions => {
-                tracing::warn!(
-                    "the checkpoint was created with {SHUFFLE_PARTITIONS}={logged}; using it \
-                     instead of this session's {session_partitions}"
-                );
-                state.config_mut().options_mut().execution.target_partitions = logged;
-                logged
-            }
-            _ => session_partitions,
-        };
+        let partitions = partitions_for(restart.as_ref(), &state);
+        if partitions != state.config().target_partitions() {
+            tracing::warn!(
+                "the checkpoint was created with {SHUFFLE_PARTITIONS}={partitions}; using it \
+                 instead of this session's {}",
+                state.config().target_partitions()
+            );
+            state.config_mut().options_mut().execution.target_partitions = partitions;
+        }
         let mut conf = BTreeMap::new();
         conf.insert(SHUFFLE_PARTITIONS.to_string(), partitions.to_string());
         // As Spark, the policy a checkpoint was created with stays.
@@ -814,16 +837,7 @@ impl DataStreamWriter {
                     })
                     .await?;
             }
-            if committed && backend == StateBackend::Memory {
-                return Err(Error::user(
-                    "STATE_STORE_NOT_DURABLE",
-                    "0A000",
-                    "This checkpoint's state was kept in memory (stateStore 'memory'), which does \
-                     not survive the run that wrote it, so the query cannot continue from it. \
-                     Start it with a new checkpoint location, and use the rocksdb state store \
-                     for queries that must survive a restart.",
-                ));
-            }
+            check_state_durable(backend.name(), committed)?;
             conf.insert(STATE_STORE.to_string(), backend.name().to_string());
             Some((run, operators))
         } else {
@@ -875,6 +889,126 @@ impl DataStreamWriter {
     }
 }
 
+impl DataStreamWriter {
+    /// Checks whether this query could restart from its checkpoint location, without running
+    /// anything or writing to the checkpoint: every restart check [`DataStreamWriter::start`]
+    /// makes (sources, sink, stateful operators and their schemas, the state store), each
+    /// reported, with the checkpoint's and the query's side by side. An error means the
+    /// checkpoint could not be read at all (missing, damaged, or the query is not valid).
+    pub async fn validate(mut self) -> Result<crate::validate::ValidationReport> {
+        let planned = self.plan_query()?;
+        let Some(dir) = self.checkpoint.clone() else {
+            return Err(Error::user(
+                "CHECKPOINT_LOCATION_REQUIRED",
+                "42601",
+                "Validating a query needs the checkpoint to check it against: set \
+                 checkpoint_location(...) (CLI: weir checkpoint validate DIR QUERY.sql).",
+            ));
+        };
+        let location = Location::parse_existing_with(&dir, std::iter::empty::<(&str, &str)>())?;
+        let checkpoint = Checkpoint::open_read_only(location).await?;
+        let restart = RestartPoint::read(&checkpoint).await?;
+        let identities: Vec<String> = planned
+            .tables
+            .iter()
+            .map(|t| t.source().identity())
+            .collect();
+        let mut problems = vec![];
+        if let Some(r) = &restart
+            && let Err(e) = r.check_sources(&identities)
+        {
+            problems.push(e);
+        }
+        let was_sink = checkpoint.read_sink().await?;
+        if let Err(e) =
+            check_sink_change(was_sink.as_ref(), &planned.sink_record, restart.is_some())
+        {
+            problems.push(e);
+        }
+
+        let mut state = self.session.ctx.state();
+        let session_conf = BTreeMap::from([
+            (
+                SHUFFLE_PARTITIONS.to_string(),
+                state.config().target_partitions().to_string(),
+            ),
+            (
+                STATE_STORE.to_string(),
+                self.state_backend.name().to_string(),
+            ),
+            (
+                WATERMARK_POLICY.to_string(),
+                if self.max_watermark { "max" } else { "min" }.to_string(),
+            ),
+        ]);
+        let partitions = partitions_for(restart.as_ref(), &state);
+        state.config_mut().options_mut().execution.target_partitions = partitions;
+        let stored = checkpoint.read_state_metadata().await?;
+        let committed = restart.as_ref().is_some_and(|r| r.has_committed_batches());
+        let operators = if planned.stateful || stored.is_some() {
+            // Planning needs a state backend; the memory one opens nothing.
+            let run = Arc::new(StateRun::open(
+                StateBackend::Memory,
+                None,
+                None,
+                checkpoint.id(),
+                uuid::Uuid::new_v4(),
+                partitions,
+                self.output_mode,
+            )?);
+            let operators = planned_operators(&state, &planned.plan, &planned.tables, &run).await?;
+            if let Err(e) = check_operators(
+                stored.as_ref(),
+                &operators,
+                committed,
+                self.allow_state_definition_change,
+            ) {
+                problems.push(e);
+            }
+            let backend = restart
+                .as_ref()
+                .and_then(|r| r.logged_conf(STATE_STORE))
+                .unwrap_or(self.state_backend.name());
+            if let Err(e) = check_state_durable(backend, committed && !operators.is_empty()) {
+                problems.push(e);
+            }
+            operators
+        } else {
+            vec![]
+        };
+
+        let (last_committed, next_batch, logged_sources, logged_conf) = match &restart {
+            None => (None, 0, vec![], BTreeMap::new()),
+            Some(r) => {
+                let (_, entry) = r.entry();
+                let (last, next) = match r {
+                    RestartPoint::After { last, .. } => (Some(*last), last + 1),
+                    RestartPoint::Replay { batch, .. } => (batch.checked_sub(1), *batch),
+                };
+                (
+                    last,
+                    next,
+                    entry.sources.iter().map(|s| s.source.clone()).collect(),
+                    entry.metadata.conf.clone(),
+                )
+            }
+        };
+        let stored_ops = stored.map(|s| s.operators).unwrap_or_default();
+        Ok(crate::validate::Sides {
+            location: checkpoint.location().display().to_string(),
+            query_id: checkpoint.id(),
+            last_committed,
+            next_batch,
+            sources: (logged_sources, identities),
+            sink: (was_sink, planned.sink_record),
+            operators: (&stored_ops, &operators),
+            settings: (logged_conf, session_conf),
+            problems,
+        }
+        .report())
+    }
+}
+
 /// Plans the query once without rows to learn its stateful operators, and refuses it when the
 /// checkpoint's state (`stored`, its record of them) cannot serve them (DESIGN.md §6). Nothing
 /// is executed.
@@ -886,6 +1020,18 @@ async fn check_state(
     stored: Option<&StateMetadata>,
     committed: bool,
     allow_definition_change: bool,
+) -> Result<Vec<OperatorInfo>> {
+    let operators = planned_operators(state, plan, tables, run).await?;
+    check_operators(stored, &operators, committed, allow_definition_change)?;
+    Ok(operators)
+}
+
+/// The stateful operators the query plans, learnt by planning it once without rows.
+async fn planned_operators(
+    state: &datafusion::execution::SessionState,
+    plan: &LogicalPlan,
+    tables: &[Arc<StreamingTable>],
+    run: &Arc<StateRun>,
 ) -> Result<Vec<OperatorInfo>> {
     for t in tables {
         t.set_batch(vec![]);
@@ -900,16 +1046,41 @@ async fn check_state(
         BatchWatermark::default(),
     ));
     let (_, operators): (_, Vec<OperatorInfo>) = plan_stateful(physical?, &batch)?;
+    Ok(operators)
+}
+
+/// The restart rule for stateful operators: `stored` is the checkpoint's record of them, and
+/// `committed` says whether some batch committed.
+fn check_operators(
+    stored: Option<&StateMetadata>,
+    operators: &[OperatorInfo],
+    committed: bool,
+    allow_definition_change: bool,
+) -> Result<()> {
     match stored {
-        Some(stored) => stored.check(&operators, allow_definition_change)?,
+        Some(stored) => stored.check(operators, allow_definition_change),
         // A checkpoint whose batches ran without state: the new operators would start empty,
         // as if the earlier rows had never been seen.
         None if committed => {
-            StateMetadata { operators: vec![] }.check(&operators, allow_definition_change)?
+            StateMetadata { operators: vec![] }.check(operators, allow_definition_change)
         }
-        None => {}
+        None => Ok(()),
     }
-    Ok(operators)
+}
+
+/// Refuses a checkpoint with committed batches whose state was kept in memory.
+fn check_state_durable(backend: &str, committed: bool) -> Result<()> {
+    if committed && backend == StateBackend::Memory.name() {
+        return Err(Error::user(
+            "STATE_STORE_NOT_DURABLE",
+            "0A000",
+            "This checkpoint's state was kept in memory (stateStore 'memory'), which does not \
+             survive the run that wrote it, so the query cannot continue from it. Start it with \
+             a new checkpoint location, and use the rocksdb state store for queries that must \
+             survive a restart.",
+        ));
+    }
+    Ok(())
 }
 
 /// Refuses a restart whose exactly-once sink writes somewhere else than the checkpoint's
@@ -918,16 +1089,25 @@ async fn check_state(
 /// allowed, as Spark allows a file sink changed to Kafka; the reverse is refused.
 async fn check_sink(
     checkpoint: &Checkpoint,
-    format: &str,
-    sink: &dyn Sink,
+    now: &crate::checkpoint::SinkRecord,
     logged: bool,
 ) -> Result<()> {
-    let now = crate::checkpoint::SinkRecord {
-        format: format.to_ascii_lowercase(),
-        identity: sink.identity(),
-    };
     let was = checkpoint.read_sink().await?;
-    if let (true, Some(was), Some(identity)) = (logged, &was, &now.identity)
+    check_sink_change(was.as_ref(), now, logged)?;
+    if was.as_ref() != Some(now) {
+        checkpoint.write_sink(now).await?;
+    }
+    Ok(())
+}
+
+/// The restart rule for sinks: `was` is the checkpoint's record (when `logged`, some batch was
+/// planned), `now` the query's sink.
+pub(crate) fn check_sink_change(
+    was: Option<&crate::checkpoint::SinkRecord>,
+    now: &crate::checkpoint::SinkRecord,
+    logged: bool,
+) -> Result<()> {
+    if let (true, Some(was), Some(identity)) = (logged, was, &now.identity)
         && (was.format != now.format || was.identity.as_ref() != Some(identity))
     {
         let target = |r: &crate::checkpoint::SinkRecord| match &r.identity {
@@ -944,15 +1124,35 @@ async fn check_sink(
                  them. Write to {} again, or start the changed query with a new checkpoint \
                  location.",
                 target(was),
-                target(&now),
+                target(now),
                 target(was)
             ),
         ));
     }
-    if was.as_ref() != Some(&now) {
-        checkpoint.write_sink(&now).await?;
-    }
     Ok(())
+}
+
+/// The partition count is fixed when the checkpoint is created (state is partitioned by it): a
+/// restart reuses the logged value, and a different session value is reported, not applied, as
+/// Spark does with spark.sql.shuffle.partitions.
+pub(crate) fn partitions_for(
+    restart: Option<&RestartPoint>,
+    state: &datafusion::execution::SessionState,
+) -> usize {
+    restart
+        .and_then(|r| r.logged_partitions())
+        .unwrap_or_else(|| state.config().target_partitions())
+}
+
+/// A query planned for streaming, with its sink, before anything is opened.
+pub(crate) struct Planned {
+    pub(crate) plan: LogicalPlan,
+    pub(crate) stateful: bool,
+    pub(crate) tables: Vec<Arc<StreamingTable>>,
+    pub(crate) schema: SchemaRef,
+    pub(crate) sink: Arc<dyn Sink>,
+    /// What the checkpoint records of the sink.
+    pub(crate) sink_record: crate::checkpoint::SinkRecord,
 }
 
 /// Makes a memory sink's table, or a named file sink's output, queryable in the session under

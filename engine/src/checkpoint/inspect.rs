@@ -83,15 +83,26 @@ pub struct OperatorReport {
     pub store_versions: BTreeMap<String, (u64, u64)>,
 }
 
-fn ddl(schema: &arrow::datatypes::Schema) -> String {
-    weir_sources::files::to_ddl(schema).unwrap_or_else(|| {
-        schema
-            .fields()
-            .iter()
-            .map(|f| format!("{} {}", f.name(), f.data_type()))
-            .collect::<Vec<_>>()
-            .join(", ")
-    })
+/// A schema as Spark DDL for people to read (a type DDL has no name for is shown as Arrow
+/// names it).
+pub(crate) fn ddl(schema: &arrow::datatypes::Schema) -> String {
+    use arrow::datatypes::{DataType, Field, Schema};
+    schema
+        .fields()
+        .iter()
+        .map(|f| {
+            // A view type holds the same values as its plain counterpart.
+            let plain = match f.data_type() {
+                DataType::Utf8View | DataType::LargeUtf8 => DataType::Utf8,
+                DataType::BinaryView | DataType::LargeBinary => DataType::Binary,
+                t => t.clone(),
+            };
+            let one = Schema::new(vec![Field::new(f.name(), plain, f.is_nullable())]);
+            weir_sources::files::to_ddl(&one)
+                .unwrap_or_else(|| format!("`{}` {}", f.name(), f.data_type()))
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 /// The state version a checkpoint file holds: `<v>.changelog` or `<v>.snapshot`.

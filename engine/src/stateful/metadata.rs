@@ -54,7 +54,7 @@ pub(crate) struct StateMetadata {
 
 /// Types only: a renamed column or a changed nullability keeps the bytes' meaning, as Spark's
 /// schema compatibility check.
-fn same_types(a: &Schema, b: &Schema) -> bool {
+pub(crate) fn same_types(a: &Schema, b: &Schema) -> bool {
     fn same(a: &DataType, b: &DataType) -> bool {
         match (a, b) {
             (DataType::Struct(x), DataType::Struct(y)) => {

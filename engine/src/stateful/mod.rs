@@ -30,7 +30,7 @@ use weir_state::{
 };
 
 use aggregate::StatefulAggregateExec;
-pub(crate) use metadata::{OperatorInfo, StateMetadata};
+pub(crate) use metadata::{OperatorInfo, StateMetadata, same_types};
 use watermark::WatermarkExec;
 pub(crate) use watermark::{EventTimeStats, WeirQueryPlanner};
 
