@@ -41,6 +41,33 @@ enum CheckpointCommand {
         #[arg(long)]
         json: bool,
     },
+    /// Recovers a checkpoint that no longer fits its query, and records what it did
+    /// (`resets/<n>`). Stop the query first: a running query's checkpoint is refused.
+    ///
+    /// --query NEW.sql (selective reset): fits the checkpoint to the changed query so that it
+    /// continues where it left off: stateful operators whose state still fits keep it; changed,
+    /// added or removed ones start empty (or go); each source continues from its committed
+    /// offsets, so the sink's output continues with no row lost or doubled.
+    ///
+    /// --full (full refresh): deletes the batches, state and sources' files, clears the sink's
+    /// output (file sinks, Delta) and gives the query a new ID: it starts over.
+    Reset {
+        /// The checkpoint location (local path, file:// or s3:// URL).
+        dir: String,
+        /// Selective reset for the changed query in this SQL file.
+        #[arg(long, conflicts_with = "full", required_unless_present = "full")]
+        query: Option<PathBuf>,
+        /// Full refresh.
+        #[arg(long)]
+        full: bool,
+        /// With --full: keep what the sink wrote (needed for sinks weir cannot clear, such as
+        /// Kafka or the console).
+        #[arg(long, requires = "full")]
+        keep_sink_data: bool,
+        /// Print JSON instead of text.
+        #[arg(long)]
+        json: bool,
+    },
     /// Whether a query (a SQL file) would restart from a checkpoint: runs every restart check
     /// without executing anything or writing to the checkpoint, and prints the checkpoint's
     /// and the query's sources, sink and stateful operators side by side with what refuses
@@ -216,7 +243,9 @@ async fn run(cli: Cli) -> anyhow::Result<std::process::ExitCode> {
                         );
                     }
                     StatementResult::Query(q) => queries.push(q),
-                    StatementResult::Done | StatementResult::Validated(_) => {}
+                    StatementResult::Done
+                    | StatementResult::Validated(_)
+                    | StatementResult::Reset(_) => {}
                 }
             }
             if queries.is_empty() {
@@ -278,6 +307,51 @@ async fn run(cli: Cli) -> anyhow::Result<std::process::ExitCode> {
             } else {
                 ExitCode::FAILURE
             })
+        }
+        Command::Checkpoint {
+            command:
+                CheckpointCommand::Reset {
+                    dir,
+                    query,
+                    full,
+                    keep_sink_data,
+                    json,
+                },
+        } => {
+            let session = WeirSession::new();
+            let report = match (query, full) {
+                (_, true) => session.refresh_checkpoint(&dir, keep_sink_data).await?,
+                (Some(file), false) => {
+                    let sql = std::fs::read_to_string(&file)
+                        .with_context(|| format!("cannot read the SQL file {}", file.display()))?;
+                    let opts = ScriptOptions {
+                        checkpoint: Some(dir),
+                        ..ScriptOptions::default()
+                    };
+                    let found = session
+                        .reset_script(&sql, &opts)
+                        .await?
+                        .into_iter()
+                        .find_map(|r| match r {
+                            StatementResult::Reset(r) => Some(*r),
+                            _ => None,
+                        });
+                    found.with_context(|| {
+                        format!(
+                            "{} starts no streaming query: there is nothing to fit the \
+                             checkpoint to",
+                            file.display()
+                        )
+                    })?
+                }
+                (None, false) => anyhow::bail!("give --query QUERY.sql or --full"),
+            };
+            if json {
+                println!("{}", serde_json::to_string_pretty(&report)?);
+            } else {
+                print!("{}", report.table());
+            }
+            Ok(ExitCode::SUCCESS)
         }
         Command::Bench {
             workload,

@@ -263,9 +263,9 @@ impl AsyncDB for WeirDb {
                     DBOutput::StatementComplete(0)
                 }
                 StatementResult::Rows(batches) => to_output(&batches)?,
-                StatementResult::Done | StatementResult::Validated(_) => {
-                    DBOutput::StatementComplete(0)
-                }
+                StatementResult::Done
+                | StatementResult::Validated(_)
+                | StatementResult::Reset(_) => DBOutput::StatementComplete(0),
             };
         }
         Ok(output)

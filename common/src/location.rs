@@ -326,12 +326,50 @@ impl Location {
             .collect())
     }
 
+    /// Deletes everything under this location (a local folder with its sub-folders; the
+    /// location itself stays).
+    pub async fn delete_all(&self) -> object_store::Result<()> {
+        if let Some(dir) = &self.local_dir {
+            let entries = match std::fs::read_dir(dir) {
+                Ok(e) => e,
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+                Err(e) => return Err(io_error(dir, e)),
+            };
+            for entry in entries {
+                let entry = entry.map_err(|e| io_error(dir, e))?;
+                let path = entry.path();
+                let removed = if entry.file_type().map_err(|e| io_error(&path, e))?.is_dir() {
+                    std::fs::remove_dir_all(&path)
+                } else {
+                    std::fs::remove_file(&path)
+                };
+                match removed {
+                    Ok(()) => {}
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                    Err(e) => return Err(io_error(&path, e)),
+                }
+            }
+            return Ok(());
+        }
+        for rel in self.list_all().await? {
+            self.delete(&rel).await?;
+        }
+        Ok(())
+    }
+
     /// Deletes the object at `rel`; a missing object is not an error.
     pub async fn delete(&self, rel: &str) -> object_store::Result<()> {
         match self.store.delete(&self.path(rel)).await {
             Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
             Err(e) => Err(e),
         }
+    }
+}
+
+fn io_error(path: &FsPath, e: std::io::Error) -> object_store::Error {
+    object_store::Error::Generic {
+        store: "LocalFileSystem",
+        source: format!("{}: {e}", path.display()).into(),
     }
 }
 

@@ -39,6 +39,9 @@ pub enum StatementResult {
     /// It was a streaming query checked against its checkpoint, not started
     /// ([`WeirSession::validate_script`]).
     Validated(Box<crate::ValidationReport>),
+    /// It was a streaming query whose checkpoint was fitted to it, not started
+    /// ([`WeirSession::reset_script`]).
+    Reset(Box<crate::checkpoint::reset::ResetReport>),
 }
 
 /// Whether a script's streaming queries start or are only checked.
@@ -46,6 +49,7 @@ pub enum StatementResult {
 enum Mode {
     Run,
     Validate,
+    Reset,
 }
 
 const RESERVED: &[&str] = &["checkpointLocation", "trigger", "outputMode", "queryName"];
@@ -83,6 +87,17 @@ impl WeirSession {
         opts: &ScriptOptions,
     ) -> Result<Vec<StatementResult>> {
         self.script(script, opts, Mode::Validate).await
+    }
+
+    /// Fits the checkpoint of each streaming query of `script` to it
+    /// ([`DataStreamWriter::reset_checkpoint`], a selective reset) instead of starting it.
+    /// Declarations and DDL run; batch queries and DML are skipped.
+    pub async fn reset_script(
+        &self,
+        script: &str,
+        opts: &ScriptOptions,
+    ) -> Result<Vec<StatementResult>> {
+        self.script(script, opts, Mode::Reset).await
     }
 
     async fn script(
@@ -131,7 +146,7 @@ impl WeirSession {
                             )
                             .await?
                         }
-                        None if mode == Mode::Validate => StatementResult::Done,
+                        None if mode != Mode::Run => StatementResult::Done,
                         None => self.batch(&sql).await?,
                     }
                 }
@@ -159,7 +174,7 @@ impl WeirSession {
                             mode,
                         )
                         .await?
-                    } else if mode == Mode::Validate && !matches!(plan, LogicalPlan::Ddl(_)) {
+                    } else if mode != Mode::Run && !matches!(plan, LogicalPlan::Ddl(_)) {
                         StatementResult::Done
                     } else {
                         let df = self.context().execute_logical_plan(plan).await?;
@@ -263,6 +278,7 @@ impl WeirSession {
         Ok(match mode {
             Mode::Run => StatementResult::Query(w.start().await?),
             Mode::Validate => StatementResult::Validated(Box::new(w.validate().await?)),
+            Mode::Reset => StatementResult::Reset(Box::new(w.reset_checkpoint().await?)),
         })
     }
 }

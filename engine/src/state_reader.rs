@@ -81,7 +81,11 @@ impl StateMetadataTable {
                 // count.
                 let range = match (op.store_versions.get(s), report.last_committed) {
                     (Some(&(a, b)), Some(c)) => {
-                        let (first, last) = (a.saturating_sub(1), b.saturating_sub(1).min(c));
+                        let base = op.first_batch;
+                        let (first, last) = (
+                            base + a.saturating_sub(1),
+                            (base + b.saturating_sub(1)).min(c),
+                        );
                         (first <= last).then_some((first as i64, last as i64))
                     }
                     _ => None,

@@ -308,6 +308,9 @@ fn sink_text(r: Option<&SinkRecord>) -> String {
     }
 }
 
+/// Reads one item of an operator for the text report.
+type Getter = fn(&OperatorSide) -> String;
+
 impl ValidationReport {
     /// The report as text for a terminal.
     pub fn table(&self) -> String {
@@ -369,7 +372,7 @@ impl ValidationReport {
                 _ => format!("{} -> {}", name(&op.checkpoint), name(&op.query)),
             };
             let _ = writeln!(out, "  [{i}] {:<8} {head}", op.change.word());
-            let rows: [(&str, fn(&OperatorSide) -> String); 3] = [
+            let rows: [(&str, Getter); 3] = [
                 ("key", |o| o.key_schema.clone()),
                 ("value", |o| o.value_schema.clone()),
                 ("definition", |o| o.definition.join("; ")),
@@ -382,7 +385,11 @@ impl ValidationReport {
                     }
                     (Some(a), _) | (None, Some(a)) => {
                         let v = get(a);
-                        let v = if v.is_empty() { "(none)".to_string() } else { v };
+                        let v = if v.is_empty() {
+                            "(none)".to_string()
+                        } else {
+                            v
+                        };
                         let _ = writeln!(out, "      {label:<10} {v}");
                     }
                     (None, None) => {}

@@ -195,6 +195,14 @@ impl Sink for FileSink {
         &[OutputMode::Append]
     }
 
+    /// Deletes the folder's log and data files (the log first: a folder without its log is
+    /// read as empty).
+    async fn clear_output(&self) -> Result<()> {
+        self.location.child(MANIFEST_DIR).delete_all().await?;
+        self.location.delete_all().await?;
+        Ok(())
+    }
+
     async fn add_batch(
         &self,
         batch_id: u64,

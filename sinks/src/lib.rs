@@ -103,6 +103,21 @@ pub trait Sink: Debug + Send + Sync {
         Ok(())
     }
 
+    /// Removes everything the sink has written, for a full refresh of its query's checkpoint
+    /// (`weir checkpoint reset --full`). Sinks whose output weir cannot take back refuse.
+    async fn clear_output(&self) -> Result<()> {
+        Err(ClassifiedError::new(
+            "FULL_REFRESH_SINK_NOT_CLEARABLE",
+            "0A000",
+            format!(
+                "weir cannot remove what {} has written. Clear it yourself, then run the full \
+                 refresh again with --keep-sink-data.",
+                self.description()
+            ),
+        )
+        .into())
+    }
+
     /// Writes the output of micro-batch `batch_id`.
     async fn add_batch(
         &self,

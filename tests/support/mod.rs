@@ -27,8 +27,8 @@ pub fn run_and_kill_at_with_env(
     batch: u64,
     env: &[(String, String)],
 ) {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_weir"))
-        .args([
+    kill_at(
+        &[
             "run",
             "-e",
             sql,
@@ -36,7 +36,17 @@ pub fn run_and_kill_at_with_env(
             ck,
             "--max-batches",
             "1000",
-        ])
+        ],
+        stage,
+        batch,
+        env,
+    );
+}
+
+/// Runs `weir <args>` until it reports the pause point `stage` of `batch`, then SIGKILLs it.
+pub fn kill_at(args: &[&str], stage: &str, batch: u64, env: &[(String, String)]) {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_weir"))
+        .args(args)
         .env("WEIR_TEST_PAUSE_AT", format!("{stage}:{batch}"))
         .envs(env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
         .stdout(Stdio::null())

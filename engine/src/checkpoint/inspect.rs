@@ -43,6 +43,8 @@ pub struct CheckpointReport {
     pub operators: Vec<OperatorReport>,
     /// The session settings fixed in the offsets log.
     pub conf: BTreeMap<String, String>,
+    /// The resets done to the checkpoint (`resets/<n>`), oldest first.
+    pub resets: Vec<super::reset::ResetReport>,
 }
 
 /// One source of a checkpoint.
@@ -75,6 +77,11 @@ pub struct OperatorReport {
     pub key_schema: String,
     /// The value columns of its state, as Spark DDL.
     pub value_schema: String,
+    /// The folder its state is kept in (`state/<stateId>`; its ID unless a reset moved it).
+    pub state_id: u32,
+    /// The first batch of its state (0 unless a reset started it afresh): batch N reads state
+    /// version N - firstBatch.
+    pub first_batch: u64,
     /// Bytes of its files in the checkpoint (changelogs and snapshots).
     pub state_bytes: u64,
     /// The lowest and highest state version its changelogs or snapshots hold.
@@ -162,7 +169,7 @@ pub async fn inspect(location: Location) -> Result<CheckpointReport> {
             .operators
             .iter()
             .map(|op| {
-                let prefix = format!("{}/", op.operator_id);
+                let prefix = format!("{}/", op.state_id());
                 let mine = files.iter().filter(|(rel, _)| rel.starts_with(&prefix));
                 let versions: Vec<u64> = mine
                     .clone()
@@ -181,6 +188,8 @@ pub async fn inspect(location: Location) -> Result<CheckpointReport> {
                     operator_name: op.operator_name.clone(),
                     num_partitions: op.num_partitions,
                     store_names: op.store_names.clone(),
+                    state_id: op.state_id(),
+                    first_batch: op.layout.map_or(0, |l| l.base_batch),
                     key_schema: ddl(&op.key_schema),
                     value_schema: ddl(&op.value_schema),
                     state_bytes: mine.map(|(_, size)| *size).sum(),
@@ -205,6 +214,16 @@ pub async fn inspect(location: Location) -> Result<CheckpointReport> {
         sources,
         operators,
         conf: newest.map(|e| e.metadata.conf.clone()).unwrap_or_default(),
+        resets: ck
+            .resets()
+            .await?
+            .into_iter()
+            .map(|(reset, record)| super::reset::ResetReport {
+                location: ck.location().display().to_string(),
+                reset,
+                record,
+            })
+            .collect(),
     })
 }
 
@@ -286,8 +305,44 @@ impl CheckpointReport {
                 op.versions
                     .map_or("none".to_string(), |(lo, hi)| format!("{lo}..{hi}"))
             );
+            if op.state_id != op.operator_id || op.first_batch != 0 {
+                let _ = writeln!(
+                    out,
+                    "      state in state/{}, starting at batch {} (a reset moved it)",
+                    op.state_id, op.first_batch
+                );
+            }
             let _ = writeln!(out, "      key:   {}", op.key_schema);
             let _ = writeln!(out, "      value: {}", op.value_schema);
+        }
+        if !self.resets.is_empty() {
+            let _ = writeln!(out, "\nresets");
+            for r in &self.resets {
+                let kind = match r.record.kind {
+                    super::reset::ResetKind::FullRefresh => "full refresh",
+                    super::reset::ResetKind::Selective => "selective",
+                };
+                let ops: Vec<String> = r
+                    .record
+                    .operators
+                    .iter()
+                    .map(|o| format!("{} {}", o.operator_name, o.action))
+                    .collect();
+                let _ = writeln!(
+                    out,
+                    "  [{}] {} {kind}{}: next batch {}; {}{}",
+                    r.reset,
+                    r.record.time,
+                    if r.record.done { "" } else { " (NOT FINISHED)" },
+                    r.record.next_batch,
+                    r.record.sink,
+                    if ops.is_empty() {
+                        String::new()
+                    } else {
+                        format!("; state: {}", ops.join(", "))
+                    }
+                );
+            }
         }
         if !self.conf.is_empty() {
             let _ = writeln!(out, "\nconf");

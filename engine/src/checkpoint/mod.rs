@@ -19,6 +19,7 @@ pub mod inspect;
 mod lease;
 pub mod log;
 pub mod recovery;
+pub mod reset;
 pub(crate) mod state_mirror;
 
 use bytes::Bytes;
@@ -41,6 +42,7 @@ const STATE: &str = "state";
 const STATE_METADATA: &str = "state/_metadata";
 const SINK: &str = "sink";
 const LOCK: &str = ".weir-lock";
+const RESETS: &str = "resets";
 const CHECKPOINT_VERSION: u32 = 1;
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -209,6 +211,75 @@ impl Checkpoint {
             .put_if_absent(STATE_METADATA, Bytes::from(metadata.encode()))
             .await?;
         Ok(())
+    }
+
+    /// Replaces `state/_metadata` (a checkpoint reset), or deletes it when the query keeps no
+    /// state.
+    pub(crate) async fn replace_state_metadata(&self, metadata: &StateMetadata) -> Result<()> {
+        self.check_lease()?;
+        if metadata.operators.is_empty() {
+            self.location.delete(STATE_METADATA).await?;
+        } else {
+            self.location
+                .put(STATE_METADATA, Bytes::from(metadata.encode()))
+                .await?;
+        }
+        Ok(())
+    }
+
+    /// The IDs of the folders under `state/` (`state/<id>/...`).
+    pub(crate) async fn state_folder_ids(&self) -> Result<Vec<u32>> {
+        let mut ids: Vec<u32> = self
+            .location
+            .child(STATE)
+            .list_all()
+            .await?
+            .iter()
+            .filter_map(|rel| rel.split('/').next()?.parse().ok())
+            .collect();
+        ids.sort_unstable();
+        ids.dedup();
+        Ok(ids)
+    }
+
+    /// Deletes everything under `rel` (a folder of the checkpoint), and a local folder itself.
+    pub(crate) async fn delete_folder(&self, rel: &str) -> Result<()> {
+        self.check_lease()?;
+        let folder = self.location.child(rel);
+        folder.delete_all().await?;
+        if let Some(dir) = folder.local_dir() {
+            match std::fs::remove_dir(dir) {
+                Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                    return Err(Error::Internal(format!(
+                        "cannot remove the folder {}: {e}",
+                        dir.display()
+                    )));
+                }
+                _ => {}
+            }
+        }
+        Ok(())
+    }
+
+    /// Deletes `sink`, the record of the sink.
+    pub(crate) async fn delete_sink_record(&self) -> Result<()> {
+        self.check_lease()?;
+        self.location.delete(SINK).await?;
+        Ok(())
+    }
+
+    /// Gives the checkpoint a new query ID (a full refresh: an exactly-once sink then takes the
+    /// query's batches for new ones).
+    pub(crate) async fn renew_id(&mut self) -> Result<Uuid> {
+        self.check_lease()?;
+        let fresh = Metadata {
+            id: Uuid::new_v4(),
+            weir_checkpoint_version: Some(CHECKPOINT_VERSION),
+        };
+        let text = serde_json::to_string(&fresh).map_err(|e| Error::Internal(e.to_string()))?;
+        self.location.put(METADATA, Bytes::from(text)).await?;
+        self.id = fresh.id;
+        Ok(fresh.id)
     }
 
     /// Reads `sink`: what the batches so far were written to, if recorded.

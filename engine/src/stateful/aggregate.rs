@@ -38,7 +38,7 @@ use datafusion::physical_plan::{
 use tokio::sync::OnceCell;
 use weir_common::ClassifiedError;
 use weir_sinks::OutputMode;
-use weir_state::{KeyRange, StoreId, WriteBatch};
+use weir_state::{KeyRange, WriteBatch};
 
 use super::watermark::{drop_late, event_micros};
 use super::{
@@ -355,6 +355,7 @@ impl StatefulAggregateExec {
             key_schema: key_schema.clone(),
             value_schema: value_schema.clone(),
             fingerprint,
+            layout: None,
         };
         let schema = agg.schema();
         let properties = Arc::new(PlanProperties::new(
@@ -446,10 +447,8 @@ impl Inner {
         let run = self.batch.run()?;
         let watermark = self.batch.watermark;
         let mut dropped = 0u64;
-        let id = StoreId::new(self.info.operator_id, partition as u32, STORE);
         let mut store = run
-            .provider
-            .open(&id, self.batch.batch)
+            .open_store(self.info.operator_id, partition, STORE, self.batch.batch)
             .map_err(state_error)?;
 
         // Group indices: one per distinct encoded key, in first-seen order. Accumulators

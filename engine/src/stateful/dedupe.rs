@@ -32,7 +32,7 @@ use datafusion::physical_plan::{
     DisplayAs, DisplayFormatType, ExecutionPlan, Partitioning, PhysicalExpr, PlanProperties,
 };
 use tokio::sync::OnceCell;
-use weir_state::{KeyRange, StoreId, WriteBatch};
+use weir_state::{KeyRange, WriteBatch};
 
 use super::watermark::{drop_late, event_micros};
 use super::{
@@ -169,6 +169,7 @@ impl DedupeExec {
                 .iter()
                 .map(|&k| format!("key {}", schema.field(k).name()))
                 .collect(),
+            layout: None,
         };
         let partitions = info.num_partitions;
         Ok(Self {
@@ -211,11 +212,7 @@ impl Inner {
         let run = self.batch.run()?;
         let watermark = self.batch.watermark;
         let mut store = run
-            .provider
-            .open(
-                &StoreId::new(self.info.operator_id, partition as u32, STORE),
-                self.batch.batch,
-            )
+            .open_store(self.info.operator_id, partition, STORE, self.batch.batch)
             .map_err(state_error)?;
         let schema = self.schema();
         let batch = concat_batches(&schema, input)?;

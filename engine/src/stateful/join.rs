@@ -40,7 +40,7 @@ use datafusion::physical_plan::{
 };
 use tokio::sync::OnceCell;
 use weir_planner::join::TimeBound;
-use weir_state::{KeyRange, StateStore, StoreId, WriteBatch};
+use weir_state::{KeyRange, StateStore, WriteBatch};
 
 use super::watermark::{drop_late, event_micros};
 use super::{
@@ -221,6 +221,7 @@ impl StreamJoinExec {
             key_schema,
             value_schema,
             fingerprint,
+            layout: None,
         };
         let inner = Inner {
             plan: Arc::clone(&self.plan),
@@ -558,11 +559,7 @@ impl Inner {
         let wm = self.batch.watermark;
         let late_us = wm.late_ms.saturating_mul(1000);
         let open = |name: &str| {
-            run.provider
-                .open(
-                    &StoreId::new(self.info.operator_id, partition as u32, name),
-                    self.batch.batch,
-                )
+            run.open_store(self.info.operator_id, partition, name, self.batch.batch)
                 .map_err(state_error)
         };
         let (mut ls, mut lt, mut rs, mut rt) = (

@@ -27,6 +27,22 @@ pub(crate) struct OperatorInfo {
     /// functions, ...), with column positions left out so that a projection change does not
     /// count.
     pub(crate) fingerprint: Vec<String>,
+    /// Where its state lives, when a checkpoint reset moved it (see [`StateLayout`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) layout: Option<StateLayout>,
+}
+
+/// Where an operator's state lives when a checkpoint reset changed it: a kept operator whose
+/// position in the plan moved keeps its folder, and a reset operator gets a new, empty folder
+/// whose state starts at the reset's batch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub(crate) struct StateLayout {
+    /// The ID its stores are kept under (`state/<stateId>/...`).
+    pub(crate) state_id: u32,
+    /// The first batch of its state: batch N reads state version N - base (version 0, empty,
+    /// for the first).
+    pub(crate) base_batch: u64,
 }
 
 impl OperatorInfo {
@@ -40,7 +56,29 @@ impl OperatorInfo {
             key_schema: Schema::empty(),
             value_schema: Schema::empty(),
             fingerprint: vec![],
+            layout: None,
         }
+    }
+
+    /// The ID its stores are kept under.
+    pub(crate) fn state_id(&self) -> u32 {
+        self.layout.map_or(self.operator_id, |l| l.state_id)
+    }
+
+    /// The state version batch `batch` reads (and `batch + 1` is what it commits).
+    pub(crate) fn state_version(&self, batch: u64) -> u64 {
+        batch.saturating_sub(self.layout.map_or(0, |l| l.base_batch))
+    }
+
+    /// Whether `other` keeps state of the same meaning and shape: a reset keeps such an
+    /// operator's state.
+    pub(crate) fn same_state_as(&self, other: &Self) -> bool {
+        self.operator_name == other.operator_name
+            && self.store_names == other.store_names
+            && self.num_partitions == other.num_partitions
+            && same_types(&self.key_schema, &other.key_schema)
+            && same_types(&self.value_schema, &other.value_schema)
+            && self.fingerprint == other.fingerprint
     }
 }
 
@@ -229,6 +267,7 @@ mod tests {
             key_schema: Schema::new(vec![Field::new("k", key, true)]),
             value_schema: Schema::new(vec![Field::new("v", value, true)]),
             fingerprint: vec![fingerprint.into()],
+            layout: None,
         }
     }
 

@@ -30,7 +30,7 @@ use weir_state::{
 };
 
 use aggregate::StatefulAggregateExec;
-pub(crate) use metadata::{OperatorInfo, StateMetadata, same_types};
+pub(crate) use metadata::{OperatorInfo, StateLayout, StateMetadata, same_types};
 use watermark::WatermarkExec;
 pub(crate) use watermark::{EventTimeStats, WeirQueryPlanner};
 
@@ -199,6 +199,8 @@ pub(crate) struct StateRun {
     pub(crate) evicted_up_to: Mutex<BTreeMap<weir_state::StoreId, i64>>,
     /// On an object-store checkpoint: the mirror of the provider's local `state/` folder.
     pub(crate) mirror: Option<crate::checkpoint::state_mirror::StateMirror>,
+    /// Where the state of operators a checkpoint reset moved lives, by operator ID.
+    layouts: std::sync::RwLock<BTreeMap<u32, StateLayout>>,
     /// The local RocksDB instances; declared after `provider` so they are closed first.
     _local: ScratchDir,
     /// The mirror's local folder, removed when the run ends.
@@ -256,6 +258,7 @@ impl StateRun {
             partitions,
             output_mode,
             evicted_up_to: Mutex::new(BTreeMap::new()),
+            layouts: std::sync::RwLock::new(BTreeMap::new()),
             _mirrored: ScratchDir(mirror.as_ref().map(|m| m.local().to_path_buf())),
             mirror,
             _local: ScratchDir(local),
@@ -264,14 +267,54 @@ impl StateRun {
 }
 
 impl StateRun {
-    /// Lets every store of `operators` forget what no version from `version` on needs.
-    pub(crate) fn purge_below(&self, operators: &[OperatorInfo], version: u64) -> EngineResult<()> {
+    /// Takes where each operator's state lives from the checkpoint's record of `operators`,
+    /// before the first batch runs.
+    pub(crate) fn set_layouts(&self, operators: &[OperatorInfo]) {
+        if let Ok(mut l) = self.layouts.write() {
+            *l = operators
+                .iter()
+                .filter_map(|o| Some((o.operator_id, o.layout?)))
+                .collect();
+        }
+    }
+
+    /// Operator `operator` with its layout, as far as state goes.
+    fn layout_of(&self, operator: u32) -> OperatorInfo {
+        let mut info = OperatorInfo::placeholder();
+        info.operator_id = operator;
+        info.layout = self
+            .layouts
+            .read()
+            .ok()
+            .and_then(|l| l.get(&operator).copied());
+        info
+    }
+
+    /// Opens store `name` of operator `operator` for `partition`, at the state version batch
+    /// `batch` reads.
+    pub(crate) fn open_store(
+        &self,
+        operator: u32,
+        partition: usize,
+        name: &str,
+        batch: u64,
+    ) -> weir_state::Result<Box<dyn weir_state::StateStore>> {
+        let info = self.layout_of(operator);
+        self.provider.open(
+            &weir_state::StoreId::new(info.state_id(), partition as u32, name),
+            info.state_version(batch),
+        )
+    }
+
+    /// Lets every store of `operators` forget what batches from `batch` on do not need.
+    pub(crate) fn purge_below(&self, operators: &[OperatorInfo], batch: u64) -> EngineResult<()> {
         for op in operators {
+            let info = self.layout_of(op.operator_id);
             for partition in 0..op.num_partitions {
                 for name in &op.store_names {
-                    let id = weir_state::StoreId::new(op.operator_id, partition as u32, name);
+                    let id = weir_state::StoreId::new(info.state_id(), partition as u32, name);
                     self.provider
-                        .purge_below(&id, version)
+                        .purge_below(&id, info.state_version(batch))
                         .map_err(|e| Error::User(e.into()))?;
                 }
             }

@@ -49,7 +49,7 @@ use datafusion::physical_plan::{
 use tokio::sync::OnceCell;
 use weir_planner::session_window::SESSION_WINDOW_COLUMN;
 use weir_sinks::OutputMode;
-use weir_state::{KeyRange, StateStore, StoreId, WriteBatch};
+use weir_state::{KeyRange, StateStore, WriteBatch};
 
 use super::aggregate::{Aggregates, partial_of, without_positions};
 use super::watermark::event_micros;
@@ -252,6 +252,7 @@ impl SessionWindowAggregateExec {
             key_schema: key_schema.clone(),
             value_schema: Schema::new(value_fields),
             fingerprint,
+            layout: None,
         };
         let schema = agg.schema();
         let properties = Arc::new(PlanProperties::new(
@@ -400,18 +401,10 @@ impl Inner {
         let watermark = self.batch.watermark;
         let op = self.info.operator_id;
         let mut store = run
-            .provider
-            .open(
-                &StoreId::new(op, partition as u32, SESSIONS),
-                self.batch.batch,
-            )
+            .open_store(op, partition, SESSIONS, self.batch.batch)
             .map_err(state_error)?;
         let mut index = run
-            .provider
-            .open(
-                &StoreId::new(op, partition as u32, BY_END),
-                self.batch.batch,
-            )
+            .open_store(op, partition, BY_END, self.batch.batch)
             .map_err(state_error)?;
         let keys_conv = RowConverter::new(self.key_fields.clone())?;
         let values = RowConverter::new(self.value_fields.clone())?;

@@ -265,6 +265,21 @@ impl Sink for DeltaSink {
         &[OutputMode::Append, OutputMode::Complete]
     }
 
+    /// Commits the removal of every row: the table and its history stay.
+    async fn clear_output(&self) -> Result<()> {
+        let table = match delta::open(&self.url, &self.options.storage).await {
+            Ok(t) => t,
+            Err(e) if e.class == "DELTA_MISSING_DELTA_TABLE" => return Ok(()),
+            Err(e) => return Err(e.into()),
+        };
+        if table.version().is_none() {
+            return Ok(());
+        }
+        let doing = format!("remove every row of the Delta table at {}", self.url);
+        table.delete().await.map_err(|e| delta::error(e, &doing))?;
+        Ok(())
+    }
+
     async fn open(&self, query_id: &str) -> Result<()> {
         // delta-rs needs a local table's folder to exist.
         table_url(&self.options.path, true)?;

@@ -1,0 +1,461 @@
+//! `weir checkpoint reset`: the recovery strategies for a checkpoint that no longer fits its
+//! query, made explicit and recorded.
+//!
+//! ```text
+//! full refresh     offsets/ commits/ state/ sources/ deleted, the sink's output cleared,
+//!                  a new query ID: the query starts over from its sources' starting positions
+//! selective reset  the new query planned against the checkpoint: unchanged stateful operators
+//!                  keep their state, changed, added or removed ones start empty (or go), and
+//!                  every source continues from its committed offsets, so the sink's output
+//!                  is kept and continued with no row lost or doubled
+//! ```
+//!
+//! Each reset writes `resets/<n>` first (`done: false`) and marks it done last. A run refuses a
+//! checkpoint whose last reset is not done (`CHECKPOINT_RESET_INCOMPLETE`), and running the
+//! reset again finishes it: every step can be repeated.
+
+use std::collections::BTreeSet;
+
+use bytes::Bytes;
+use serde::{Deserialize, Serialize};
+use uuid::Uuid;
+
+use super::{Checkpoint, RESETS};
+use crate::stateful::{OperatorInfo, StateLayout};
+use crate::{Error, Result};
+
+/// Which recovery a reset was.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum ResetKind {
+    /// Everything cleared: the query starts over.
+    FullRefresh,
+    /// The checkpoint fitted to a changed query, continuing where it was.
+    Selective,
+}
+
+/// What a reset did to one stateful operator.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct OperatorChange {
+    /// `kept`, `reset` (starts empty) or `dropped` (the query no longer has it).
+    pub action: String,
+    /// Its ID in the query after the reset (`None` when dropped).
+    pub operator_id: Option<u32>,
+    /// `aggregate`, `dedupe`, ...
+    pub operator_name: String,
+    /// The folder its state is kept in (`state/<stateId>`).
+    pub state_id: u32,
+    /// For a reset operator: the first batch of its new state.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub first_batch: Option<u64>,
+}
+
+/// The record of one reset, `resets/<n>` in the checkpoint.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ResetRecord {
+    /// Which recovery.
+    pub kind: ResetKind,
+    /// When it started (UTC).
+    pub time: String,
+    /// The query ID before the reset.
+    pub query_id_before: Uuid,
+    /// The query ID after it (a full refresh gives a new one).
+    pub query_id_after: Uuid,
+    /// The batch the query runs next.
+    pub next_batch: u64,
+    /// What happened to each stateful operator's state.
+    pub operators: Vec<OperatorChange>,
+    /// What happened to the sink's output.
+    pub sink: String,
+    /// Whether every step is done.
+    pub done: bool,
+}
+
+/// What a reset did: its record and number.
+#[derive(Debug, Clone, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ResetReport {
+    /// The checkpoint's location.
+    pub location: String,
+    /// The record's number (`resets/<n>`).
+    pub reset: u64,
+    /// The record.
+    #[serde(flatten)]
+    pub record: ResetRecord,
+}
+
+impl ResetReport {
+    /// The report as text for a terminal.
+    pub fn table(&self) -> String {
+        use std::fmt::Write as _;
+        let r = &self.record;
+        let mut out = String::new();
+        let kind = match r.kind {
+            ResetKind::FullRefresh => "full refresh",
+            ResetKind::Selective => "selective reset",
+        };
+        let _ = writeln!(out, "checkpoint  {}", self.location);
+        let _ = writeln!(out, "reset       {kind}, recorded as resets/{}", self.reset);
+        if r.query_id_before == r.query_id_after {
+            let _ = writeln!(out, "query id    {}", r.query_id_after);
+        } else {
+            let _ = writeln!(
+                out,
+                "query id    {} (was {})",
+                r.query_id_after, r.query_id_before
+            );
+        }
+        let _ = writeln!(out, "next batch  {}", r.next_batch);
+        let _ = writeln!(out, "sink        {}", r.sink);
+        if !r.operators.is_empty() {
+            let _ = writeln!(out, "state");
+        }
+        for op in &r.operators {
+            let at = op
+                .operator_id
+                .map_or(String::new(), |id| format!(" as operator {id}"));
+            let from = op
+                .first_batch
+                .map_or(String::new(), |b| format!(", empty from batch {b}"));
+            let _ = writeln!(
+                out,
+                "  {:<8} {}{at} (state/{}{from})",
+                op.action, op.operator_name, op.state_id
+            );
+        }
+        out
+    }
+}
+
+/// The operators' state after a selective reset, and what it does to each.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct StatePlan {
+    /// The checkpoint's new record of the operators (with their layouts).
+    pub(crate) operators: Vec<OperatorInfo>,
+    /// What happens to each operator's state.
+    pub(crate) changes: Vec<OperatorChange>,
+}
+
+/// Matches the query's operators `now` with the checkpoint's `stored` ones, in plan order: an
+/// operator whose state has the same meaning and shape keeps it (in its folder, wherever its
+/// position moved), any other starts empty at `next_batch` in a new folder (no ID in `taken`,
+/// the folders present), and stored operators left unmatched are dropped.
+pub(crate) fn plan_state(
+    stored: &[OperatorInfo],
+    now: &[OperatorInfo],
+    next_batch: u64,
+    taken: &BTreeSet<u32>,
+) -> StatePlan {
+    let mut taken = taken.clone();
+    taken.extend(stored.iter().map(OperatorInfo::state_id));
+    taken.extend(now.iter().map(|o| o.operator_id));
+    let mut fresh = || {
+        let id = (0..).find(|i| !taken.contains(i)).unwrap_or(u32::MAX);
+        taken.insert(id);
+        id
+    };
+    let mut used = vec![false; stored.len()];
+    let mut from = 0;
+    let mut operators = vec![];
+    let mut changes = vec![];
+    for op in now {
+        let mut op = op.clone();
+        let found = (from..stored.len()).find(|&k| stored[k].same_state_as(&op));
+        match found {
+            Some(k) => {
+                from = k + 1;
+                used[k] = true;
+                let state_id = stored[k].state_id();
+                let base_batch = stored[k].layout.map_or(0, |l| l.base_batch);
+                op.layout =
+                    (state_id != op.operator_id || base_batch != 0).then_some(StateLayout {
+                        state_id,
+                        base_batch,
+                    });
+                changes.push(OperatorChange {
+                    action: "kept".into(),
+                    operator_id: Some(op.operator_id),
+                    operator_name: op.operator_name.clone(),
+                    state_id,
+                    first_batch: None,
+                });
+            }
+            None => {
+                let state_id = fresh();
+                op.layout = Some(StateLayout {
+                    state_id,
+                    base_batch: next_batch,
+                });
+                changes.push(OperatorChange {
+                    action: "reset".into(),
+                    operator_id: Some(op.operator_id),
+                    operator_name: op.operator_name.clone(),
+                    state_id,
+                    first_batch: Some(next_batch),
+                });
+            }
+        }
+        operators.push(op);
+    }
+    for (old, _) in stored.iter().zip(&used).filter(|(_, u)| !**u) {
+        changes.push(OperatorChange {
+            action: "dropped".into(),
+            operator_id: None,
+            operator_name: old.operator_name.clone(),
+            state_id: old.state_id(),
+            first_batch: None,
+        });
+    }
+    StatePlan { operators, changes }
+}
+
+fn encode(record: &ResetRecord) -> Result<String> {
+    let json = serde_json::to_string(record).map_err(|e| Error::Internal(e.to_string()))?;
+    Ok(format!("v1\n{json}"))
+}
+
+impl Checkpoint {
+    /// The checkpoint's resets, oldest first.
+    pub async fn resets(&self) -> Result<Vec<(u64, ResetRecord)>> {
+        let mut out = vec![];
+        for n in self.ids(RESETS).await? {
+            let rel = format!("{RESETS}/{n}");
+            let Some(bytes) = self.location.get(&rel).await? else {
+                continue;
+            };
+            let corrupt = |problem: String| Error::Corrupt {
+                file: self.file(&rel),
+                problem,
+            };
+            let text =
+                std::str::from_utf8(&bytes).map_err(|_| corrupt("is not UTF-8 text".into()))?;
+            let (_, mut lines) = super::log::version_line(text).map_err(corrupt)?;
+            let json = lines
+                .next()
+                .ok_or_else(|| corrupt("has no record after its version line".into()))?;
+            let record = serde_json::from_str(json)
+                .map_err(|e| corrupt(format!("is not a reset record ({e})")))?;
+            out.push((n, record));
+        }
+        Ok(out)
+    }
+
+    /// Refuses a checkpoint whose last reset did not finish.
+    pub(crate) async fn check_resets_done(&self) -> Result<()> {
+        if let Some((n, r)) = self.resets().await?.pop()
+            && !r.done
+        {
+            let how = match r.kind {
+                ResetKind::FullRefresh => "weir checkpoint reset DIR --full",
+                ResetKind::Selective => "weir checkpoint reset DIR --query QUERY.sql",
+            };
+            return Err(Error::user(
+                "CHECKPOINT_RESET_INCOMPLETE",
+                "55000",
+                format!(
+                    "The checkpoint '{}' is in the middle of a reset (resets/{n} is not done: the \
+                     reset was stopped before it finished), so its files may not fit together. \
+                     Run the reset again to finish it ({how}).",
+                    self.location.display()
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Writes reset record `n`: create-only when it starts, replaced when it is done.
+    pub(crate) async fn write_reset(&self, n: u64, record: &ResetRecord) -> Result<()> {
+        self.check_lease()?;
+        let rel = format!("{RESETS}/{n}");
+        if record.done {
+            self.location
+                .put(&rel, Bytes::from(encode(record)?))
+                .await?;
+        } else {
+            self.create(rel, encode(record)?, n).await?;
+        }
+        Ok(())
+    }
+}
+
+/// The number of the next reset record, or of the unfinished one to finish.
+pub(crate) fn next_reset(resets: &[(u64, ResetRecord)]) -> (u64, Option<&ResetRecord>) {
+    match resets.last() {
+        Some((n, r)) if !r.done => (*n, Some(r)),
+        Some((n, _)) => (n + 1, None),
+        None => (0, None),
+    }
+}
+
+/// Deletes the state folders no operator of `operators` uses.
+pub(crate) async fn delete_unused_state(
+    checkpoint: &Checkpoint,
+    operators: &[OperatorInfo],
+) -> Result<()> {
+    let used: BTreeSet<u32> = operators.iter().map(OperatorInfo::state_id).collect();
+    for id in checkpoint.state_folder_ids().await? {
+        if !used.contains(&id) {
+            checkpoint
+                .delete_folder(&format!("{}/{id}", super::STATE))
+                .await?;
+        }
+    }
+    Ok(())
+}
+
+/// Full refresh of the checkpoint at `checkpoint` (opened for writing): deletes its batches,
+/// state and sources' files, clears the sink's output (`clear`, given the sink record; `None`
+/// keeps it), and gives it a new query ID.
+pub(crate) async fn full_refresh<F, Fut>(
+    checkpoint: &mut Checkpoint,
+    clear: Option<F>,
+) -> Result<ResetReport>
+where
+    F: FnOnce(super::SinkRecord) -> Fut,
+    Fut: std::future::Future<Output = Result<String>>,
+{
+    let resets = checkpoint.resets().await?;
+    let (n, unfinished) = next_reset(&resets);
+    if let Some(r) = unfinished
+        && r.kind != ResetKind::FullRefresh
+    {
+        return Err(Error::user(
+            "CHECKPOINT_RESET_INCOMPLETE",
+            "55000",
+            format!(
+                "resets/{n} of the checkpoint '{}' is a selective reset that did not finish: \
+                 finish it first (weir checkpoint reset DIR --query QUERY.sql), then refresh.",
+                checkpoint.location().display()
+            ),
+        ));
+    }
+    let sink_record = checkpoint.read_sink().await?;
+    let stored = checkpoint.read_state_metadata().await?;
+    let mut record = ResetRecord {
+        kind: ResetKind::FullRefresh,
+        time: crate::progress::format_timestamp(chrono::Utc::now().timestamp_millis()),
+        query_id_before: unfinished.map_or(checkpoint.id(), |r| r.query_id_before),
+        query_id_after: checkpoint.id(),
+        next_batch: 0,
+        operators: stored
+            .iter()
+            .flat_map(|m| &m.operators)
+            .map(|o| OperatorChange {
+                action: "dropped".into(),
+                operator_id: None,
+                operator_name: o.operator_name.clone(),
+                state_id: o.state_id(),
+                first_batch: None,
+            })
+            .collect(),
+        sink: String::new(),
+        done: false,
+    };
+    if unfinished.is_none() {
+        checkpoint.write_reset(n, &record).await?;
+    }
+    // The logs first: from here until the record is done, a run is refused.
+    for dir in [super::COMMITS, super::OFFSETS, super::STATE, super::SOURCES] {
+        checkpoint.delete_folder(dir).await?;
+    }
+    weir_common::failpoint::pause_point("reset_mid", n);
+    record.sink = match (sink_record, clear) {
+        (Some(s), Some(clear)) => clear(s).await?,
+        (Some(s), None) => format!("{} output kept", describe(&s)),
+        (None, _) => "none recorded".into(),
+    };
+    checkpoint.delete_sink_record().await?;
+    record.query_id_after = checkpoint.renew_id().await?;
+    record.done = true;
+    checkpoint.write_reset(n, &record).await?;
+    Ok(ResetReport {
+        location: checkpoint.location().display().to_string(),
+        reset: n,
+        record,
+    })
+}
+
+/// A sink record as words.
+pub(crate) fn describe(s: &super::SinkRecord) -> String {
+    match &s.identity {
+        Some(i) => format!("{} at {i}", s.format),
+        None => s.format.clone(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use arrow::datatypes::{DataType, Field, Schema};
+
+    use super::*;
+
+    fn op(id: u32, name: &str, fingerprint: &str) -> OperatorInfo {
+        OperatorInfo {
+            operator_id: id,
+            operator_name: name.into(),
+            num_partitions: 2,
+            store_names: vec!["default".into()],
+            key_schema: Schema::new(vec![Field::new("k", DataType::Int64, true)]),
+            value_schema: Schema::new(vec![Field::new("v", DataType::Int64, true)]),
+            fingerprint: vec![fingerprint.into()],
+            layout: None,
+        }
+    }
+
+    fn actions(p: &StatePlan) -> Vec<(String, Option<u32>, u32)> {
+        p.changes
+            .iter()
+            .map(|c| (c.action.clone(), c.operator_id, c.state_id))
+            .collect()
+    }
+
+    #[test]
+    fn a_removed_operator_is_dropped_and_the_next_keeps_its_folder() {
+        let stored = [op(0, "dedupe", "key k"), op(1, "aggregate", "count(1)")];
+        let now = [op(0, "aggregate", "count(1)")];
+        let p = plan_state(&stored, &now, 7, &BTreeSet::new());
+        assert_eq!(
+            actions(&p),
+            [("kept".into(), Some(0), 1), ("dropped".into(), None, 0)]
+        );
+        // The aggregate is operator 0 now, and reads its old folder from version 7 on.
+        assert_eq!(p.operators[0].state_id(), 1);
+        assert_eq!(p.operators[0].state_version(7), 7);
+    }
+
+    #[test]
+    fn a_changed_or_added_operator_starts_empty_in_a_new_folder() {
+        let stored = [op(0, "aggregate", "count(1)")];
+        let now = [op(0, "dedupe", "key k"), op(1, "aggregate", "sum(v)")];
+        // Folder 3 holds leftovers of an earlier reset: not reused.
+        let p = plan_state(&stored, &now, 5, &BTreeSet::from([3]));
+        assert_eq!(
+            actions(&p),
+            [
+                ("reset".into(), Some(0), 2),
+                ("reset".into(), Some(1), 4),
+                ("dropped".into(), None, 0)
+            ]
+        );
+        assert_eq!(
+            p.operators[1].state_version(5),
+            0,
+            "empty at the reset's batch"
+        );
+        assert_eq!(p.operators[1].state_version(9), 4);
+    }
+
+    #[test]
+    fn planning_again_after_a_reset_keeps_everything() {
+        let stored = [op(0, "dedupe", "key k"), op(1, "aggregate", "count(1)")];
+        let now = [op(0, "aggregate", "sum(v)")];
+        let first = plan_state(&stored, &now, 5, &BTreeSet::new());
+        let mut planned = now.to_vec();
+        planned[0].layout = None;
+        let again = plan_state(&first.operators, &planned, 9, &BTreeSet::new());
+        assert_eq!(again.operators, first.operators);
+        assert!(again.changes.iter().all(|c| c.action == "kept"));
+    }
+}
