@@ -389,6 +389,91 @@ fn read_state_metadata_lists_each_operator_store_and_the_batches_it_holds() {
     );
 }
 
+#[test]
+fn read_state_gives_an_aggregations_entries_after_the_last_or_a_chosen_committed_batch() {
+    let dir = tempfile::tempdir().unwrap();
+    let ck = killed_aggregation(dir.path());
+    let entries = |args: &str| {
+        let mut rows = query_rows(
+            "",
+            &format!("SELECT key, value, partition_id FROM read_state('{ck}', {args})"),
+        );
+        rows.sort();
+        rows
+    };
+    let key = |k: u32| format!("{{rate_micro_batch.value % Int64(3): {k}}}");
+    let count = |n: u32| format!("{{count(Int64(1))[count]: {n}}}");
+    // Batches 0..2 (values 0..29) are committed; batch 3's state was written but is not.
+    let got = entries("operatorId => 0");
+    assert_eq!(got.len(), 3, "{got:?}");
+    for k in 0..3 {
+        assert!(
+            got.iter()
+                .any(|r| r.starts_with(&format!("{},{},", key(k), count(10)))),
+            "{got:?}"
+        );
+    }
+    // After batch 0 (values 0..9): 4, 3, 3; each key in one partition.
+    let got = entries("operatorId => 0, batchId => 0");
+    let counts: Vec<String> = got
+        .iter()
+        .map(|r| r.split(',').nth(1).unwrap().to_string())
+        .collect();
+    assert_eq!(
+        counts.iter().filter(|c| **c == count(4)).count(),
+        1,
+        "{got:?}"
+    );
+    assert_eq!(
+        counts.iter().filter(|c| **c == count(3)).count(),
+        2,
+        "{got:?}"
+    );
+    assert_eq!(
+        query_rows(
+            "",
+            &format!("SELECT count(DISTINCT partition_id) FROM read_state('{ck}', 0)")
+        ),
+        ["2"]
+    );
+
+    for (args, class) in [
+        ("operatorId => 5", "STDS_INVALID_OPTION_VALUE"),
+        (
+            "operatorId => 0, batchId => 3",
+            "STDS_COMMITTED_BATCH_UNAVAILABLE",
+        ),
+        (
+            "operatorId => 0, storeName => 'left'",
+            "STDS_INVALID_OPTION_VALUE",
+        ),
+        (
+            "operatorId => 0, colour => 'red'",
+            "STDS_INVALID_OPTION_VALUE",
+        ),
+    ] {
+        let out = weir(&[
+            "run",
+            "-e",
+            &format!("SELECT * FROM read_state('{ck}', {args})"),
+        ]);
+        assert!(!out.status.success());
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(class), "{args}: {err}");
+    }
+}
+
+#[test]
+fn read_state_metadata_refuses_a_bad_argument() {
+    let out = weir(&["run", "-e", "SELECT * FROM read_state_metadata(42)"]);
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("INVALID_STATE_READER_ARGUMENT"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
 /// The rows of batch SQL `sql` run in a new session (after the `setup` statements).
 fn query_rows(setup: &str, sql: &str) -> Vec<String> {
     let rt = tokio::runtime::Runtime::new().unwrap();
@@ -457,6 +542,16 @@ fn a_removed_dedupe_is_refused_then_a_selective_reset_continues_with_no_row_lost
     ]);
     assert!(ok, "{err}");
     run_and_kill_at(&deduped, &ck, "after_wal", 3);
+    // The dedupe's state: the 7 keys it has seen.
+    let mut keys = query_rows(
+        "",
+        &format!("SELECT key FROM read_state('{ck}', operatorId => 0)"),
+    );
+    keys.sort();
+    assert_eq!(
+        keys,
+        (0..7).map(|k| format!("{{k: {k}}}")).collect::<Vec<_>>()
+    );
 
     let (ok, err) = run_cli(&[
         "run",

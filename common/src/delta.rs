@@ -3,7 +3,6 @@
 //! ones.
 
 use std::collections::HashMap;
-use std::future::Future;
 
 use deltalake::{DeltaTable, DeltaTableError};
 use url::Url;
@@ -143,31 +142,4 @@ pub fn error(e: DeltaTableError, doing: &str) -> ClassifiedError {
         _ => ("DELTA_OPERATION_FAILED", "58030", ""),
     };
     ClassifiedError::new(class, sqlstate, format!("Cannot {doing}: {e}.{hint}"))
-}
-
-/// Runs `f` to completion on a thread of its own with a runtime of its own: for the synchronous
-/// parts of planning (a source's schema) that need the table, which may themselves run on an
-/// async runtime. Nothing made on that runtime (a table, a client) should outlive the call.
-pub fn block_on<F>(f: F) -> Result<F::Output, ClassifiedError>
-where
-    F: Future + Send,
-    F::Output: Send,
-{
-    std::thread::scope(|s| {
-        s.spawn(|| {
-            tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .map(|rt| rt.block_on(f))
-        })
-        .join()
-    })
-    .map_err(|_| ClassifiedError::new("INTERNAL_ERROR", "XX000", "opening a Delta table panicked"))?
-    .map_err(|e| {
-        ClassifiedError::new(
-            "INTERNAL_ERROR",
-            "XX000",
-            format!("cannot start a runtime to open a Delta table: {e}"),
-        )
-    })
 }

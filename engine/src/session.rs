@@ -150,6 +150,8 @@ impl WeirSession {
             let _ = ctx.register_relation_planner(Arc::new(StreamRelationPlanner::new(
                 Arc::clone(&catalog),
             )));
+            let _ =
+                ctx.register_relation_planner(Arc::new(crate::state_reader::StateReaderPlanner));
             SessionInner {
                 ctx,
                 catalog,

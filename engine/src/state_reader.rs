@@ -1,8 +1,12 @@
-//! SQL over a checkpoint's state: `read_state_metadata('DIR')`, as Spark's `state-metadata`
-//! data source, one row per stateful operator and store: `operatorId`, `operatorName`,
-//! `stateStoreName`, `numPartitions`, `minBatchId`, `maxBatchId` (the batches whose state the
-//! checkpoint still holds, up to the last committed one). The checkpoint is read when the query
-//! runs, without a lock: a running query may own it.
+//! SQL over a checkpoint's state, read without a lock (a running query may own the checkpoint):
+//!
+//! - `read_state_metadata('DIR')`, as Spark's `state-metadata` data source: one row per
+//!   stateful operator and store with `operatorId`, `operatorName`, `stateStoreName`,
+//!   `numPartitions`, `minBatchId`, `maxBatchId` (the batches whose state the checkpoint still
+//!   holds, up to the last committed one);
+//! - `read_state('DIR', operatorId => k [, batchId => b])`, as Spark's `statestore` data
+//!   source: the entries of an operator's state after a batch, as `key` and `value` structs
+//!   with `partition_id`.
 
 use std::sync::Arc;
 
@@ -11,13 +15,23 @@ use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use arrow::record_batch::RecordBatch;
 use async_trait::async_trait;
 use datafusion::catalog::{Session, TableFunctionArgs, TableFunctionImpl, TableProvider};
+use datafusion::datasource::provider_as_source;
 use datafusion::datasource::{MemTable, TableType};
 use datafusion::error::{DataFusionError, Result};
 use datafusion::logical_expr::Expr;
+use datafusion::logical_expr::LogicalPlanBuilder;
+use datafusion::logical_expr::planner::{
+    PlannedRelation, RelationPlanner, RelationPlannerContext, RelationPlanning,
+};
 use datafusion::physical_plan::ExecutionPlan;
+use datafusion::sql::sqlparser::ast::{
+    Expr as SqlExpr, FunctionArg, FunctionArgExpr, TableFactor, Value,
+};
 use weir_common::{ClassifiedError, Location};
 
+use crate::checkpoint::Checkpoint;
 use crate::checkpoint::inspect::inspect;
+use crate::stateful::OperatorInfo;
 
 fn user(e: impl Into<ClassifiedError>) -> DataFusionError {
     DataFusionError::External(Box::new(e.into()))
@@ -127,5 +141,549 @@ impl TableProvider for StateMetadataTable {
     ) -> Result<Arc<dyn ExecutionPlan>> {
         let table = MemTable::try_new(schema(), vec![vec![self.rows().await?]])?;
         table.scan(state, projection, filters, limit).await
+    }
+}
+
+/// The relation `read_state('DIR', operatorId => k [, batchId => b] [, storeName => s])`, as
+/// Spark's `statestore` data source: one row per state entry of operator `k` after batch `b`
+/// (the last committed batch by default), with columns `key` and `value` (structs of the
+/// operator's key and value columns) and `partition_id`. It reads the state of aggregations
+/// and deduplications, from checkpoints of the RocksDB state store (local or `s3://`); the
+/// memory store keeps nothing in the checkpoint. Planned by [`StateReaderPlanner`].
+#[derive(Debug)]
+struct StateTable {
+    dir: String,
+    operator: OperatorInfo,
+    store: String,
+    batch: u64,
+    schema: SchemaRef,
+}
+
+/// Plans `read_state(...)`, whose named arguments DataFusion's table functions do not take.
+#[derive(Debug, Default)]
+pub struct StateReaderPlanner;
+
+fn invalid(message: impl Into<String>) -> DataFusionError {
+    user(ClassifiedError::new(
+        "STDS_INVALID_OPTION_VALUE",
+        "42616",
+        message,
+    ))
+}
+
+fn arg_text(e: &SqlExpr) -> Option<String> {
+    match e {
+        SqlExpr::Value(v) => match &v.value {
+            Value::SingleQuotedString(s) | Value::DoubleQuotedString(s) => Some(s.clone()),
+            Value::Number(n, _) => Some(n.to_string()),
+            _ => None,
+        },
+        _ => None,
+    }
+}
+
+/// `read_state`'s arguments: the checkpoint, then `operatorId`, `batchId`, `storeName` by name
+/// or in that order.
+fn read_state_args(args: &[FunctionArg]) -> Result<(String, u32, Option<u64>, String)> {
+    const USAGE: &str = "read_state takes the checkpoint location, then operatorId => n and \
+                         optionally batchId => n and storeName => 'name': read_state('/data/ck', \
+                         operatorId => 0).";
+    let mut named: Vec<(String, String)> = vec![];
+    for (i, a) in args.iter().enumerate() {
+        let (name, e) = match a {
+            FunctionArg::Unnamed(FunctionArgExpr::Expr(e)) => {
+                let name = ["path", "operatorId", "batchId", "storeName"]
+                    .get(i)
+                    .ok_or_else(|| invalid(USAGE))?;
+                (name.to_string(), e)
+            }
+            FunctionArg::Named {
+                name,
+                arg: FunctionArgExpr::Expr(e),
+                ..
+            } => (name.value.clone(), e),
+            _ => return Err(invalid(USAGE)),
+        };
+        let value =
+            arg_text(e).ok_or_else(|| invalid(format!("'{e}' is not a literal. {USAGE}")))?;
+        named.push((name, value));
+    }
+    let get = |key: &str| {
+        named
+            .iter()
+            .find(|(k, _)| k.eq_ignore_ascii_case(key))
+            .map(|(_, v)| v.clone())
+    };
+    if let Some((k, _)) = named.iter().find(|(k, _)| {
+        !["path", "operatorId", "batchId", "storeName"]
+            .iter()
+            .any(|n| n.eq_ignore_ascii_case(k))
+    }) {
+        return Err(invalid(format!("Unknown argument '{k}'. {USAGE}")));
+    }
+    let dir = get("path").ok_or_else(|| invalid(USAGE))?;
+    let number = |key: &str| -> Result<Option<u64>> {
+        get(key)
+            .map(|v| {
+                v.parse::<u64>()
+                    .map_err(|_| invalid(format!("{key} must be a number at least 0, not '{v}'.")))
+            })
+            .transpose()
+    };
+    let operator = number("operatorId")?.unwrap_or(0);
+    let operator = u32::try_from(operator)
+        .map_err(|_| invalid(format!("operatorId {operator} is too large.")))?;
+    let store = get("storeName").unwrap_or_else(|| "default".into());
+    Ok((dir, operator, number("batchId")?, store))
+}
+
+impl RelationPlanner for StateReaderPlanner {
+    fn plan_relation(
+        &self,
+        relation: TableFactor,
+        _ctx: &mut dyn RelationPlannerContext,
+    ) -> Result<RelationPlanning> {
+        let TableFactor::Table {
+            name,
+            args: Some(args),
+            alias,
+            ..
+        } = &relation
+        else {
+            return Ok(RelationPlanning::Original(Box::new(relation)));
+        };
+        let fname = name
+            .0
+            .last()
+            .and_then(|p| p.as_ident())
+            .map(|i| i.value.clone())
+            .unwrap_or_default();
+        if !fname.eq_ignore_ascii_case("read_state") {
+            return Ok(RelationPlanning::Original(Box::new(relation)));
+        }
+        let (dir, operator, batch, store) = read_state_args(&args.args)?;
+        let table = weir_common::block_on(StateTable::try_new(dir, operator, batch, store))
+            .map_err(user)??;
+        let plan =
+            LogicalPlanBuilder::scan("read_state", provider_as_source(Arc::new(table)), None)?
+                .build()?;
+        Ok(RelationPlanning::Planned(Box::new(PlannedRelation::new(
+            plan,
+            alias.clone(),
+        ))))
+    }
+}
+
+fn engine_err(e: crate::Error) -> DataFusionError {
+    DataFusionError::External(Box::new(e))
+}
+
+impl StateTable {
+    /// Reads what the checkpoint says of the operator and the batch, checking both.
+    async fn try_new(
+        dir: String,
+        operator: u32,
+        batch: Option<u64>,
+        store: String,
+    ) -> Result<Self> {
+        let location = Location::parse_existing_with(&dir, std::iter::empty::<(&str, &str)>())
+            .map_err(user)?;
+        let ck = Checkpoint::open_read_only(location)
+            .await
+            .map_err(engine_err)?;
+        let ops = ck
+            .read_state_metadata()
+            .await
+            .map_err(engine_err)?
+            .map(|m| m.operators)
+            .unwrap_or_default();
+        let Some(op) = ops.iter().find(|o| o.operator_id == operator).cloned() else {
+            let have: Vec<String> = ops
+                .iter()
+                .map(|o| format!("{} ({})", o.operator_id, o.operator_name))
+                .collect();
+            return Err(invalid(format!(
+                "The checkpoint '{dir}' has no stateful operator {operator}; it has [{}].",
+                have.join(", ")
+            )));
+        };
+        if !op.store_names.contains(&store) {
+            return Err(invalid(format!(
+                "Operator {operator} ({}) has no store '{store}'; its stores are [{}].",
+                op.operator_name,
+                op.store_names.join(", ")
+            )));
+        }
+        let last = match ck.resume_point().await.map_err(engine_err)? {
+            crate::checkpoint::Resume::Fresh => None,
+            crate::checkpoint::Resume::After { last } => Some(last),
+            crate::checkpoint::Resume::Replay { batch, .. } => batch.checked_sub(1),
+        };
+        let batch = match (batch, last) {
+            (Some(b), Some(l)) if b <= l => b,
+            (None, Some(l)) => l,
+            _ => {
+                return Err(user(ClassifiedError::new(
+                    "STDS_COMMITTED_BATCH_UNAVAILABLE",
+                    "KD006",
+                    format!(
+                        "No committed batch{} in the checkpoint '{dir}' (the last committed is \
+                         {}). Read a committed batch, or let the query commit one first.",
+                        batch.map_or(String::new(), |b| format!(" {b}")),
+                        last.map_or("none".to_string(), |l| l.to_string())
+                    ),
+                )));
+            }
+        };
+        let logged_store = match ck.read_offsets(batch).await {
+            Ok(entry) => entry
+                .metadata
+                .conf
+                .get(crate::session::STATE_STORE)
+                .cloned(),
+            Err(_) => None,
+        };
+        if logged_store.as_deref() == Some("memory") {
+            return Err(user(ClassifiedError::new(
+                "STATE_STORE_NOT_DURABLE",
+                "0A000",
+                format!(
+                    "The checkpoint '{dir}' kept its state in memory (stateStore 'memory'), \
+                     which leaves nothing in the checkpoint to read. Run the query with the \
+                     rocksdb state store to read its state."
+                ),
+            )));
+        }
+        if !matches!(
+            op.operator_name.as_str(),
+            "aggregate" | "dedupe" | "dedupeWithinWatermark"
+        ) {
+            return Err(user(ClassifiedError::new(
+                "STDS_UNSUPPORTED_OPERATOR",
+                "0A000",
+                format!(
+                    "read_state reads the state of aggregations and deduplications; operator \
+                     {operator} is a {}, whose stores it does not decode yet.",
+                    op.operator_name
+                ),
+            )));
+        }
+        let schema = Arc::new(Schema::new(vec![
+            Field::new(
+                "key",
+                DataType::Struct(op.key_schema.fields().clone()),
+                true,
+            ),
+            Field::new(
+                "value",
+                DataType::Struct(op.value_schema.fields().clone()),
+                true,
+            ),
+            Field::new("partition_id", DataType::Int32, true),
+        ]));
+        Ok(Self {
+            dir,
+            operator: op,
+            store,
+            batch,
+            schema,
+        })
+    }
+
+    /// Opens the operator's stores at the state after the batch and decodes their entries.
+    async fn rows(&self) -> Result<RecordBatch> {
+        let location = Location::parse_existing_with(&self.dir, std::iter::empty::<(&str, &str)>())
+            .map_err(user)?;
+        let ck = Checkpoint::open_read_only(location)
+            .await
+            .map_err(engine_err)?;
+        let scratch =
+            crate::stateful::run_scratch_dir("weir-read-state", ck.id(), uuid::Uuid::new_v4());
+        let state_dir = match ck.state_dir() {
+            Some(d) => d,
+            None => {
+                // An object-store checkpoint: copy the operator's folder first.
+                let sid = self.operator.state_id();
+                let local = scratch.join("state");
+                crate::checkpoint::state_mirror::StateMirror::download(
+                    ck.location().child(&format!("state/{sid}")),
+                    local.join(sid.to_string()),
+                )
+                .await
+                .map_err(engine_err)?;
+                local
+            }
+        };
+        let (op, store, batch) = (self.operator.clone(), self.store.clone(), self.batch);
+        let scratch_for_db = scratch.join("db");
+        let entries = tokio::task::spawn_blocking(move || {
+            let provider = weir_state::RocksDbStateStoreProvider::new(state_dir, scratch_for_db);
+            read_entries(&provider, &op, &store, batch)
+        })
+        .await
+        .map_err(|e| DataFusionError::External(Box::new(e)));
+        let _ = std::fs::remove_dir_all(&scratch);
+        let entries = entries??;
+        decode(&self.operator, &self.schema, entries)
+    }
+}
+
+/// A partition and its store's entries (encoded key, encoded value).
+type PartitionEntries = (u32, Vec<(Vec<u8>, Vec<u8>)>);
+
+/// Every entry of `store` of `op`, per partition, in the state after batch `batch`.
+fn read_entries(
+    provider: &dyn weir_state::StateStoreProvider,
+    op: &OperatorInfo,
+    store: &str,
+    batch: u64,
+) -> Result<Vec<PartitionEntries>> {
+    let mut out = vec![];
+    for partition in 0..op.num_partitions as u32 {
+        let id = weir_state::StoreId::new(op.state_id(), partition, store);
+        let s = provider
+            .open(&id, op.state_version(batch + 1))
+            .map_err(|e| user(ClassifiedError::from(e)))?;
+        let entries = s
+            .scan(&weir_state::KeyRange::all())
+            .map_err(|e| user(ClassifiedError::from(e)))?;
+        out.push((partition, entries));
+    }
+    Ok(out)
+}
+
+/// The entries as rows of `schema`: keys and values decoded with the operator's schemas.
+fn decode(
+    op: &OperatorInfo,
+    schema: &SchemaRef,
+    entries: Vec<PartitionEntries>,
+) -> Result<RecordBatch> {
+    use arrow::array::{ArrayRef, StructArray};
+    use arrow::row::{RowConverter, SortField};
+    let sort = |s: &Schema| -> Vec<SortField> {
+        s.fields()
+            .iter()
+            .map(|f| SortField::new(f.data_type().clone()))
+            .collect()
+    };
+    let n: usize = entries.iter().map(|(_, e)| e.len()).sum();
+    let partitions: Vec<i32> = entries
+        .iter()
+        .flat_map(|(p, e)| std::iter::repeat_n(*p as i32, e.len()))
+        .collect();
+    let pairs: Vec<&(Vec<u8>, Vec<u8>)> = entries.iter().flat_map(|(_, e)| e).collect();
+    let keys = RowConverter::new(sort(&op.key_schema))?;
+    let parser = keys.parser();
+    let key_columns = keys.convert_rows(pairs.iter().map(|(k, _)| parser.parse(k)))?;
+    let key = StructArray::try_new(op.key_schema.fields().clone(), key_columns, None)?;
+    let value: StructArray = match op.operator_name.as_str() {
+        "aggregate" => {
+            let values = RowConverter::new(sort(&op.value_schema))?;
+            let parser = values.parser();
+            let columns = values.convert_rows(pairs.iter().map(|(_, v)| parser.parse(v)))?;
+            StructArray::try_new(op.value_schema.fields().clone(), columns, None)?
+        }
+        // A dedupe within the watermark stores each key's expiry (µs, big-endian); a plain one
+        // stores nothing.
+        _ if op.value_schema.fields().is_empty() => StructArray::new_empty_fields(n, None),
+        _ => {
+            let expiry: Int64Array = pairs
+                .iter()
+                .map(|(_, v)| {
+                    <[u8; 8]>::try_from(v.as_slice())
+                        .ok()
+                        .map(i64::from_be_bytes)
+                })
+                .collect();
+            StructArray::try_new(
+                op.value_schema.fields().clone(),
+                vec![Arc::new(expiry) as ArrayRef],
+                None,
+            )?
+        }
+    };
+    Ok(RecordBatch::try_new(
+        Arc::clone(schema),
+        vec![
+            Arc::new(key),
+            Arc::new(value),
+            Arc::new(Int32Array::from(partitions)),
+        ],
+    )?)
+}
+
+#[async_trait]
+impl TableProvider for StateTable {
+    fn schema(&self) -> SchemaRef {
+        Arc::clone(&self.schema)
+    }
+
+    fn table_type(&self) -> TableType {
+        TableType::Temporary
+    }
+
+    async fn scan(
+        &self,
+        state: &dyn Session,
+        projection: Option<&Vec<usize>>,
+        filters: &[Expr],
+        limit: Option<usize>,
+    ) -> Result<Arc<dyn ExecutionPlan>> {
+        let table = MemTable::try_new(self.schema(), vec![vec![self.rows().await?]])?;
+        table.scan(state, projection, filters, limit).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use arrow::array::{Array, ArrayRef, StructArray};
+    use arrow::row::{RowConverter, SortField};
+    use weir_state::{MemoryStateStoreProvider, StateStoreProvider, StoreId, WriteBatch};
+
+    use super::*;
+
+    fn op(name: &str, key: Schema, value: Schema) -> OperatorInfo {
+        let mut op = OperatorInfo::placeholder();
+        op.operator_id = 0;
+        op.operator_name = name.into();
+        op.num_partitions = 2;
+        op.store_names = vec!["default".into()];
+        op.key_schema = key;
+        op.value_schema = value;
+        op
+    }
+
+    fn row(fields: &Schema, column: ArrayRef) -> Vec<u8> {
+        let c = RowConverter::new(
+            fields
+                .fields()
+                .iter()
+                .map(|f| SortField::new(f.data_type().clone()))
+                .collect(),
+        )
+        .unwrap();
+        c.convert_columns(&[column])
+            .unwrap()
+            .row(0)
+            .as_ref()
+            .to_vec()
+    }
+
+    /// Writes `entries` into partition `p`'s store at version 1.
+    fn write(provider: &MemoryStateStoreProvider, p: u32, entries: Vec<(Vec<u8>, Vec<u8>)>) {
+        let mut s = provider.open(&StoreId::new(0, p, "default"), 0).unwrap();
+        let mut batch = WriteBatch::new();
+        for (k, v) in entries {
+            batch.put(k, v);
+        }
+        s.apply(batch).unwrap();
+        s.commit().unwrap();
+    }
+
+    fn schema_of(op: &OperatorInfo) -> SchemaRef {
+        Arc::new(Schema::new(vec![
+            Field::new(
+                "key",
+                DataType::Struct(op.key_schema.fields().clone()),
+                true,
+            ),
+            Field::new(
+                "value",
+                DataType::Struct(op.value_schema.fields().clone()),
+                true,
+            ),
+            Field::new("partition_id", DataType::Int32, true),
+        ]))
+    }
+
+    #[test]
+    fn aggregate_entries_decode_into_key_and_value_structs_by_partition() {
+        let key = Schema::new(vec![Field::new("k", DataType::Utf8, true)]);
+        let value = Schema::new(vec![Field::new("count", DataType::Int64, true)]);
+        let op = op("aggregate", key.clone(), value.clone());
+        let provider = MemoryStateStoreProvider::new();
+        let entry = |k: &str, n: i64| {
+            (
+                row(&key, Arc::new(StringArray::from(vec![k]))),
+                row(&value, Arc::new(Int64Array::from(vec![n]))),
+            )
+        };
+        write(&provider, 0, vec![entry("a", 3)]);
+        write(&provider, 1, vec![entry("b", 5), entry("c", 7)]);
+        // The state after batch 0 is version 1.
+        let rows = decode(
+            &op,
+            &schema_of(&op),
+            read_entries(&provider, &op, "default", 0).unwrap(),
+        )
+        .unwrap();
+        assert_eq!(rows.num_rows(), 3);
+        let keys = rows
+            .column(0)
+            .as_any()
+            .downcast_ref::<StructArray>()
+            .unwrap();
+        let k = keys
+            .column(0)
+            .as_any()
+            .downcast_ref::<StringArray>()
+            .unwrap();
+        let values = rows
+            .column(1)
+            .as_any()
+            .downcast_ref::<StructArray>()
+            .unwrap();
+        let n = values
+            .column(0)
+            .as_any()
+            .downcast_ref::<Int64Array>()
+            .unwrap();
+        let p = rows
+            .column(2)
+            .as_any()
+            .downcast_ref::<Int32Array>()
+            .unwrap();
+        let got: Vec<(String, i64, i32)> = (0..3)
+            .map(|i| (k.value(i).to_string(), n.value(i), p.value(i)))
+            .collect();
+        assert_eq!(
+            got,
+            [("a".into(), 3, 0), ("b".into(), 5, 1), ("c".into(), 7, 1)]
+        );
+    }
+
+    #[test]
+    fn a_dedupe_within_watermark_shows_each_keys_expiry() {
+        let key = Schema::new(vec![Field::new("id", DataType::Int64, true)]);
+        let value = Schema::new(vec![Field::new("expires_at_us", DataType::Int64, false)]);
+        let op = op("dedupeWithinWatermark", key.clone(), value);
+        let provider = MemoryStateStoreProvider::new();
+        write(
+            &provider,
+            0,
+            vec![(
+                row(&key, Arc::new(Int64Array::from(vec![42]))),
+                1_000_000i64.to_be_bytes().to_vec(),
+            )],
+        );
+        write(&provider, 1, vec![]);
+        let rows = decode(
+            &op,
+            &schema_of(&op),
+            read_entries(&provider, &op, "default", 0).unwrap(),
+        )
+        .unwrap();
+        let values = rows
+            .column(1)
+            .as_any()
+            .downcast_ref::<StructArray>()
+            .unwrap();
+        let expiry = values
+            .column(0)
+            .as_any()
+            .downcast_ref::<Int64Array>()
+            .unwrap();
+        assert_eq!((rows.num_rows(), expiry.value(0)), (1, 1_000_000));
+        assert!(!expiry.is_null(0));
     }
 }

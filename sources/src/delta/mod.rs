@@ -177,7 +177,7 @@ impl DeltaSourceProvider {
         let options = DeltaSourceOptions::parse(options)?;
         let url = table_url(&options.path, false)?;
         let (u, storage) = (url.clone(), options.storage.clone());
-        let schema = common::block_on(async move {
+        let schema = weir_common::block_on(async move {
             let table = common::open(&u, &storage).await?;
             table_schema(&table, &u)
         })??;
