@@ -24,7 +24,8 @@ pub enum Error {
     /// A checkpoint file is damaged or from a newer weir.
     #[error(
         "[CHECKPOINT_FILE_CORRUPT] The checkpoint file '{file}' {problem}. Restore the file from \
-         a backup, or start the query with a new checkpoint location. SQLSTATE: KD002"
+         a backup, start the query over (weir checkpoint reset DIR --full), or start it with a \
+         new checkpoint location. SQLSTATE: KD002"
     )]
     Corrupt {
         /// The file, as a path the user can open.

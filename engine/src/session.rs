@@ -1136,8 +1136,7 @@ impl WeirSession {
         keep_sink_data: bool,
     ) -> Result<crate::checkpoint::reset::ResetReport> {
         let location = Location::parse_existing_with(dir, std::iter::empty::<(&str, &str)>())?;
-        Checkpoint::open_read_only(location.clone()).await?;
-        let mut checkpoint = Checkpoint::open(location, false).await?;
+        let mut checkpoint = Checkpoint::open_for_refresh(location).await?;
         let sinks = &self.inner().sinks;
         let clear = |record: crate::checkpoint::SinkRecord| async move {
             let what = crate::checkpoint::reset::describe(&record);

@@ -9,7 +9,8 @@ pub enum Error {
     /// The version asked for does not exist (never committed, or purged).
     #[error(
         "State store {store} has no version {version} (it has {available}). The checkpoint's \
-         state was purged or lost; restore it, or start the query with a new checkpoint location."
+         state was purged or lost; restore it, start the query over (weir checkpoint reset DIR \
+         --full), or start it with a new checkpoint location."
     )]
     VersionNotFound {
         /// The store, as `operator/partition/name`.
@@ -21,12 +22,14 @@ pub enum Error {
     },
     /// A state file in the checkpoint fails its checksum or cannot be read.
     #[error(
-        "The state file '{file}' is damaged (its checksum does not match). Restore it from a \
-         backup, or start the query with a new checkpoint location."
+        "The state file '{file}' {problem}. Restore it from a backup, start the query over \
+         (weir checkpoint reset DIR --full), or start it with a new checkpoint location."
     )]
     Corrupt {
         /// The file.
         file: String,
+        /// What is wrong with it.
+        problem: String,
     },
     /// The backend failed.
     #[error("State store {store}: {message}")]
@@ -61,6 +64,18 @@ impl Error {
 impl From<Error> for ClassifiedError {
     fn from(e: Error) -> Self {
         ClassifiedError::new(e.error_class(), e.sql_state(), e.to_string())
+    }
+}
+
+/// What is wrong with a state file that does not decode: written by a newer weir (its magic
+/// `prefix` followed by a format digit above `current`), or damaged.
+pub(crate) fn corrupt_problem(bytes: &[u8], prefix: &[u8], current: u8) -> String {
+    match bytes.strip_prefix(prefix).and_then(|r| r.first()) {
+        Some(&d) if d.is_ascii_digit() && d > current => format!(
+            "was written by a newer weir (format {}; this weir reads {}): run that version",
+            d as char, current as char
+        ),
+        _ => "is damaged (its checksum does not match)".into(),
     }
 }
 

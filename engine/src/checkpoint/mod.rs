@@ -88,6 +88,13 @@ impl Checkpoint {
                     .into_iter()
                     .filter(|p| p != LOCK && p != lease::LEASE)
                     .collect();
+                if foreign.iter().any(|p| is_log(p)) {
+                    return Err(Error::Corrupt {
+                        file: format!("{}/{METADATA}", location.display()),
+                        problem: "is missing, although the folder holds a weir checkpoint's logs"
+                            .into(),
+                    });
+                }
                 if !foreign.is_empty() {
                     return Err(Error::user(
                         "CHECKPOINT_LOCATION_NOT_WEIR",
@@ -131,6 +138,26 @@ impl Checkpoint {
             lock,
             lease,
         })
+    }
+
+    /// Opens the checkpoint at `location` for a full refresh, which gives the query a new ID
+    /// anyway: a damaged, newer or lost `metadata` file of a folder holding a weir
+    /// checkpoint's logs is replaced first.
+    pub(crate) async fn open_for_refresh(location: Location) -> Result<Self> {
+        let readable = match location.get(METADATA).await? {
+            Some(bytes) => parse_metadata(&location, &bytes).is_ok(),
+            None => false,
+        };
+        if !readable && location.list_all().await?.iter().any(|p| is_log(p)) {
+            let fresh = Metadata {
+                id: Uuid::new_v4(),
+                weir_checkpoint_version: Some(CHECKPOINT_VERSION),
+            };
+            let text = serde_json::to_string(&fresh).map_err(|e| Error::Internal(e.to_string()))?;
+            location.put(METADATA, Bytes::from(text)).await?;
+        }
+        Self::open_read_only(location.clone()).await?;
+        Self::open(location, false).await
     }
 
     /// Opens the checkpoint at `location` to read it only: no lock or lease is taken (a running
@@ -195,6 +222,15 @@ impl Checkpoint {
     /// Reads `state/_metadata`, if the query has ever had stateful operators.
     pub(crate) async fn read_state_metadata(&self) -> Result<Option<StateMetadata>> {
         let Some(bytes) = self.location.get(STATE_METADATA).await? else {
+            if let Some(id) = self.state_folder_ids().await?.first() {
+                return Err(Error::Corrupt {
+                    file: self.file(STATE_METADATA),
+                    problem: format!(
+                        "is missing, although state/{id} holds an operator's state (the record \
+                         of the stateful operators is needed to read it)"
+                    ),
+                });
+            }
             return Ok(None);
         };
         StateMetadata::decode(&bytes)
@@ -439,6 +475,13 @@ impl Checkpoint {
             let _ = std::fs::remove_dir_all(dir);
         }
     }
+}
+
+/// Whether `rel` is one of a weir checkpoint's logs.
+fn is_log(rel: &str) -> bool {
+    [OFFSETS, COMMITS, STATE]
+        .iter()
+        .any(|d| rel.strip_prefix(d).is_some_and(|r| r.starts_with('/')))
 }
 
 fn parse_metadata(location: &Location, bytes: &[u8]) -> Result<Uuid> {

@@ -43,6 +43,21 @@ impl SourceLog {
         self.entries.values().flatten()
     }
 
+    /// Refuses a log that lacks an entry up to `n` (a batch through `n` is committed): the
+    /// files of a lost entry would be taken for new ones and read again.
+    pub fn check_complete_through(&self, n: i64) -> Result<()> {
+        match (0..=n).find(|i| !self.entries.contains_key(i)) {
+            None => Ok(()),
+            Some(missing) => Err(Error::Corrupt(format!(
+                "The file source's log entry '{}/{missing}' is missing, but the checkpoint's \
+                 batches read it (the log holds entries through {n}): its files would be read \
+                 again. Restore the file from a backup, reset the checkpoint (weir checkpoint \
+                 reset DIR --full), or use a new checkpoint location.",
+                self.dir.display()
+            ))),
+        }
+    }
+
     /// The files of entry `n`, if it exists.
     pub async fn entry(&mut self, n: i64) -> Result<Option<Vec<FileMeta>>> {
         if let Some(e) = self.entries.get(&n) {
@@ -89,7 +104,8 @@ fn parse(dir: &Location, name: &str, bytes: &[u8]) -> Result<Vec<FileMeta>> {
     let corrupt = |what: String| {
         Error::Corrupt(format!(
             "The file source's log entry '{}/{name}' is damaged: {what}. Restore it from a \
-             backup, or use a new checkpoint location.",
+             backup, reset the checkpoint (weir checkpoint reset DIR --full), or use a new \
+             checkpoint location.",
             dir.display()
         ))
     };

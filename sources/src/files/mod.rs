@@ -354,7 +354,8 @@ impl RecordedSchema {
             .map_err(|e| {
                 Error::Corrupt(format!(
                     "The file source's schema record '{file}' cannot be read: {e}. Restore it, \
-                     or delete it to record the current schema again."
+                     delete it to record the current schema again, start the query over (weir \
+                     checkpoint reset DIR --full), or use a new checkpoint location."
                 ))
             })
     }
@@ -547,6 +548,7 @@ impl MicroBatchStream for FileStream {
 
     async fn latest_offset(&mut self, start: &Offset, limit: ReadLimit) -> Result<Offset> {
         let start = FileOffset::from(start)?;
+        self.log.check_complete_through(start.log_offset)?;
         let next = start.log_offset + 1;
         // An entry a killed run wrote but never ran: the same files, the same batch.
         let files = match self.log.entry(next).await? {

@@ -270,6 +270,7 @@ impl RocksDbStateStoreProvider {
                 file: snapshot::manifest_path(&self.store_dir(id), version)
                     .display()
                     .to_string(),
+                problem: "restores to another version than its name says".into(),
             });
         }
         new_instance_id(&db, id)?;
@@ -346,6 +347,7 @@ impl RocksDbStateStoreProvider {
             };
             let batch = decode_changelog(&bytes).ok_or_else(|| Error::Corrupt {
                 file: path.display().to_string(),
+                problem: crate::error::corrupt_problem(&bytes, b"WEIRCL", b'1'),
             })?;
             write(db, id, &batch, version)?;
         }

@@ -81,6 +81,7 @@ pub(super) fn read(store_dir: &Path, version: u64) -> Result<Manifest> {
     })?;
     decode(&bytes).ok_or_else(|| Error::Corrupt {
         file: path.display().to_string(),
+        problem: crate::error::corrupt_problem(&bytes, b"WEIRSN", b'1'),
     })
 }
 
@@ -217,6 +218,7 @@ pub(super) fn restore(store_dir: &Path, manifest: &Manifest, db_path: &Path) -> 
         if n != f.size {
             return Err(Error::Corrupt {
                 file: from.display().to_string(),
+                problem: format!("has {n} bytes where the snapshot recorded {}", f.size),
             });
         }
     }
