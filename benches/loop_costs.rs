@@ -38,6 +38,7 @@ fn offset_entry(batch: i64) -> OffsetEntry {
                 serde_json::json!({"offset": (batch + 1) * 1000, "timestamp": (batch + 1) * 1000}),
             ),
             source: Some("rate-micro-batch".into()),
+            name: None,
         }],
     }
 }

@@ -64,6 +64,9 @@ pub(crate) struct Execution {
     /// Asynchronous state checkpointing: `commits/N` waits for batch N's state to be durable
     /// while batch N + 1 runs.
     pub(crate) async_state_checkpoint: bool,
+    /// With source evolution: the sources' names, in query order (their offsets and private
+    /// files are kept by name).
+    pub(crate) source_names: Option<Vec<String>>,
 }
 
 /// What executing one batch gave.
@@ -143,6 +146,30 @@ impl RestartPoint {
             }
         };
         Ok(Some(point))
+    }
+
+    /// The same point with `f` applied to every offsets entry.
+    pub(crate) fn aligned(self, f: impl Fn(&OffsetEntry) -> OffsetEntry) -> Self {
+        match self {
+            Self::After {
+                last,
+                entry,
+                commit,
+            } => Self::After {
+                last,
+                entry: f(&entry),
+                commit,
+            },
+            Self::Replay {
+                batch,
+                entry,
+                later,
+            } => Self::Replay {
+                batch,
+                entry: f(&entry),
+                later: later.iter().map(&f).collect(),
+            },
+        }
     }
 
     /// The newest logged batch a restart starts from, and its offsets entry.
@@ -326,56 +353,68 @@ impl Execution {
     async fn run_loop(&mut self) -> Result<()> {
         let mut streams = Vec::with_capacity(self.tables.len());
         for (i, t) in self.tables.iter().enumerate() {
-            let ctx = SourceContext {
-                metadata: self.checkpoint.source_dir(i),
+            let metadata = match &self.source_names {
+                Some(names) => self.checkpoint.named_source_dir(&names[i]),
+                None => self.checkpoint.source_dir(i),
             };
-            streams.push(t.source().open(ctx).await?);
+            streams.push(t.source().open(SourceContext { metadata }).await?);
         }
+        // With source evolution the logged ranges are found by name, in the query's order.
+        let restart = match (self.restart.take(), &self.source_names) {
+            (Some(r), Some(names)) => {
+                let identities: Vec<String> =
+                    self.tables.iter().map(|t| t.source().identity()).collect();
+                let initials: Vec<Offset> = streams.iter().map(|s| s.initial_offset()).collect();
+                Some(
+                    r.aligned(|e| crate::source_evolution::align(e, names, &identities, &initials)),
+                )
+            }
+            (r, _) => r,
+        };
         let mut replay_later = vec![];
-        let (next_batch, starts, replay, watermark_ms, last_batch_watermark_ms) =
-            match self.restart.take() {
-                None => (
-                    0,
-                    streams.iter().map(|s| s.initial_offset()).collect(),
-                    None,
-                    0,
-                    0,
-                ),
-                Some(RestartPoint::After {
-                    last,
-                    entry,
-                    commit,
-                }) => (
-                    last + 1,
-                    entry.sources.iter().map(|r| r.end.clone()).collect(),
-                    None,
-                    commit.next_batch_watermark_ms,
-                    entry.metadata.batch_watermark_ms,
-                ),
-                Some(RestartPoint::Replay {
+        let (next_batch, starts, replay, watermark_ms, last_batch_watermark_ms) = match restart {
+            None => (
+                0,
+                streams.iter().map(|s| s.initial_offset()).collect(),
+                None,
+                0,
+                0,
+            ),
+            Some(RestartPoint::After {
+                last,
+                entry,
+                commit,
+            }) => (
+                last + 1,
+                entry.sources.iter().map(|r| r.end.clone()).collect(),
+                None,
+                commit.next_batch_watermark_ms,
+                entry.metadata.batch_watermark_ms,
+            ),
+            Some(RestartPoint::Replay {
+                batch,
+                entry,
+                later,
+            }) => {
+                info!(
                     batch,
-                    entry,
-                    later,
-                }) => {
-                    info!(
-                        batch,
-                        later = later.len(),
-                        "replaying the batches that were planned but not committed"
-                    );
-                    replay_later = later;
-                    let starts = entry.sources.iter().map(|r| r.start.clone()).collect();
-                    let watermark_ms = entry.metadata.batch_watermark_ms;
-                    // The batch drops late rows with the watermark of the batch before it.
-                    let before = match batch.checked_sub(1) {
-                        Some(b) => match self.checkpoint.read_offsets(b).await {
-                            Ok(e) => e.metadata.batch_watermark_ms,
-                            Err(_) => watermark_ms,
-                        },
-                        None => 0,
-                    };
-                    (batch, starts, Some(entry), watermark_ms, before)
-                }
-            };
+                    later = later.len(),
+                    "replaying the batches that were planned but not committed"
+                );
+                replay_later = later;
+                let starts = entry.sources.iter().map(|r| r.start.clone()).collect();
+                let watermark_ms = entry.metadata.batch_watermark_ms;
+                // The batch drops late rows with the watermark of the batch before it.
+                let before = match batch.checked_sub(1) {
+                    Some(b) => match self.checkpoint.read_offsets(b).await {
+                        Ok(e) => e.metadata.batch_watermark_ms,
+                        Err(_) => watermark_ms,
+                    },
+                    None => 0,
+                };
+                (batch, starts, Some(entry), watermark_ms, before)
+            }
+        };
         let limits = streams
             .iter()
             .map(|s| match self.trigger {
@@ -589,6 +628,7 @@ impl Execution {
                             start: start.clone(),
                             end,
                             source: Some(table.source().identity()),
+                            name: table.source_name().map(String::from),
                         })
                         .collect(),
                 };

@@ -18,6 +18,7 @@ mod progress;
 mod query;
 mod script;
 mod session;
+mod source_evolution;
 pub mod state_reader;
 mod stateful;
 mod trigger;

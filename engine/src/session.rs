@@ -26,6 +26,7 @@ use weir_sinks::{
 use weir_sources::{MemoryStream, MemoryStreamProvider, SourceRegistry};
 
 use crate::execution::{Execution, NO_DATA_PROGRESS_INTERVAL, RestartPoint};
+use crate::source_evolution::{QuerySource, SOURCE_EVOLUTION};
 use crate::stateful::{
     BatchState, BatchWatermark, OperatorInfo, StateBackend, StateMetadata, StateRun,
     WeirQueryPlanner, plan_stateful,
@@ -210,6 +211,7 @@ impl WeirSession {
             session: self.clone(),
             format: None,
             options: Options::new(),
+            name: None,
         }
     }
 
@@ -241,9 +243,18 @@ pub struct DataStreamReader {
     session: WeirSession,
     format: Option<String>,
     options: Options,
+    name: Option<String>,
 }
 
 impl DataStreamReader {
+    /// Names the source (Spark's `.name("orders_us")`; letters, digits and underscores, unique
+    /// in the query). With source evolution on, the checkpoint keeps the source's offsets under
+    /// its name, so a restart may reorder, add or remove named sources.
+    pub fn name(mut self, name: &str) -> Self {
+        self.name = Some(name.to_string());
+        self
+    }
+
     /// The source format, e.g. `rate`.
     pub fn format(mut self, format: &str) -> Self {
         self.format = Some(format.to_string());
@@ -272,7 +283,11 @@ impl DataStreamReader {
         name: &str,
         source: Arc<dyn weir_sources::SourceProvider>,
     ) -> Result<DataFrame> {
-        let table = StreamingTable::new(name, source);
+        let mut table = StreamingTable::new(name, source);
+        if let Some(n) = &self.name {
+            weir_planner::check_source_name(n)?;
+            table = table.with_source_name(n.clone());
+        }
         let plan =
             LogicalPlanBuilder::scan(name, provider_as_source(Arc::new(table)), None)?.build()?;
         Ok(DataFrame::new(self.session.inner.ctx.state(), plan))
@@ -311,6 +326,9 @@ impl DataStreamReader {
                 "read_stream() needs a format: .format(\"rate\"), .format(\"rate-micro-batch\"), ...",
             )
         })?;
+        if let Some(n) = &self.name {
+            weir_planner::check_source_name(n)?;
+        }
         let source = self
             .session
             .inner
@@ -412,6 +430,8 @@ pub struct DataStreamWriter {
     rocksdb_options: Vec<(RocksDbSetting, usize)>,
     /// A malformed writer-level option, reported by `start`.
     invalid: Option<Error>,
+    /// Source evolution: sources are named and their offsets kept by name.
+    source_evolution: bool,
 }
 
 impl std::fmt::Debug for DataStreamWriter {
@@ -446,6 +466,7 @@ impl DataStreamWriter {
             async_state_checkpoint: false,
             rocksdb_options: vec![],
             invalid: None,
+            source_evolution: false,
             session,
         }
     }
@@ -513,23 +534,44 @@ impl DataStreamWriter {
                 Err(e) => self.invalid = Some(e),
             }
         } else if key.eq_ignore_ascii_case("allowStateDefinitionChange") {
-            match value.to_ascii_lowercase().as_str() {
-                "true" => self.allow_state_definition_change = true,
-                "false" => self.allow_state_definition_change = false,
-                _ => {
-                    self.invalid = Some(Error::user(
-                        "STREAMING_INVALID_OPTION",
-                        "42616",
-                        format!(
-                            "Option 'allowStateDefinitionChange' must be true or false, not \
-                             '{value}'."
-                        ),
-                    ))
-                }
+            if let Some(b) = self.flag(key, &value) {
+                self.allow_state_definition_change = b;
+            }
+        } else if crate::source_evolution::OPTION_KEYS
+            .iter()
+            .any(|k| k.eq_ignore_ascii_case(key))
+        {
+            if let Some(b) = self.flag(key, &value) {
+                self.source_evolution = b;
             }
         } else {
             self.options.set(key, value);
         }
+        self
+    }
+
+    /// A true/false option's value; anything else makes `start` fail.
+    fn flag(&mut self, key: &str, value: &str) -> Option<bool> {
+        match value.to_ascii_lowercase().as_str() {
+            "true" => Some(true),
+            "false" => Some(false),
+            _ => {
+                self.invalid = Some(Error::user(
+                    "STREAMING_INVALID_OPTION",
+                    "42616",
+                    format!("Option '{key}' must be true or false, not '{value}'."),
+                ));
+                None
+            }
+        }
+    }
+
+    /// Source evolution (Spark's `spark.sql.streaming.queryEvolution.enableSourceEvolution`;
+    /// as an option, `queryEvolution.enableSourceEvolution`): every source must be named, and
+    /// a restart may reorder, add or remove named sources. Fixed when the checkpoint is
+    /// created.
+    pub fn source_evolution(mut self, on: bool) -> Self {
+        self.source_evolution = on;
         self
     }
 
@@ -664,7 +706,16 @@ impl DataStreamWriter {
             format: self.format.to_ascii_lowercase(),
             identity: sink.identity(),
         };
+        let sources: Vec<QuerySource> = tables
+            .iter()
+            .map(|t| QuerySource {
+                name: t.source_name().map(String::from),
+                identity: t.source().identity(),
+            })
+            .collect();
+        crate::source_evolution::check_names(&sources, self.source_evolution)?;
         Ok(Planned {
+            sources,
             plan,
             stateful,
             tables,
@@ -677,6 +728,7 @@ impl DataStreamWriter {
     /// Checks the query, opens the checkpoint and starts the query.
     pub async fn start(mut self) -> Result<StreamingQuery> {
         let Planned {
+            sources,
             plan,
             stateful,
             tables,
@@ -713,11 +765,21 @@ impl DataStreamWriter {
         };
         let checkpoint = Checkpoint::open(location, temporary).await?;
         checkpoint.check_resets_done().await?;
-        let identities: Vec<String> = tables.iter().map(|t| t.source().identity()).collect();
         let restart = RestartPoint::read(&checkpoint).await?;
-        if let Some(r) = &restart {
-            r.check_sources(&identities)?;
-        }
+        let removed_sources = match check_restart_sources(
+            &checkpoint,
+            restart.as_ref(),
+            &sources,
+            self.source_evolution,
+        )
+        .await
+        {
+            Ok(r) => r,
+            Err(e) => {
+                checkpoint.delete_if_temporary();
+                return Err(e);
+            }
+        };
         let logged = restart.is_some();
         if let Err(e) = check_sink(&checkpoint, &sink_record, logged).await {
             checkpoint.delete_if_temporary();
@@ -747,6 +809,10 @@ impl DataStreamWriter {
         conf.insert(
             WATERMARK_POLICY.to_string(),
             if max_watermark { "max" } else { "min" }.to_string(),
+        );
+        conf.insert(
+            SOURCE_EVOLUTION.to_string(),
+            self.source_evolution.to_string(),
         );
 
         let shared = Shared::new(checkpoint.id(), self.query_name.clone());
@@ -850,6 +916,10 @@ impl DataStreamWriter {
             None
         };
 
+        // Every check passed: sources the query no longer has are gone for good.
+        if !removed_sources.is_empty() {
+            checkpoint.add_removed_sources(&removed_sources).await?;
+        }
         // The sink's own set-up (a transactional Kafka producer fences earlier runs' here).
         if let Err(e) = sink.open(&checkpoint.id().to_string()).await {
             checkpoint.delete_if_temporary();
@@ -886,6 +956,12 @@ impl DataStreamWriter {
             restart,
             no_data_progress_interval: self.no_data_progress_interval,
             state_run,
+            source_names: self.source_evolution.then(|| {
+                sources
+                    .iter()
+                    .map(|s| s.name.clone().unwrap_or_default())
+                    .collect()
+            }),
         };
         let handle = tokio::spawn(exec.run());
         if let Ok(mut t) = query.task.lock() {
@@ -914,14 +990,14 @@ impl DataStreamWriter {
         let location = Location::parse_existing_with(&dir, std::iter::empty::<(&str, &str)>())?;
         let checkpoint = Checkpoint::open_read_only(location).await?;
         let restart = RestartPoint::read(&checkpoint).await?;
-        let identities: Vec<String> = planned
-            .tables
-            .iter()
-            .map(|t| t.source().identity())
-            .collect();
         let mut problems = vec![];
-        if let Some(r) = &restart
-            && let Err(e) = r.check_sources(&identities)
+        if let Err(e) = check_restart_sources(
+            &checkpoint,
+            restart.as_ref(),
+            &planned.sources,
+            self.source_evolution,
+        )
+        .await
         {
             problems.push(e);
         }
@@ -970,15 +1046,45 @@ impl DataStreamWriter {
             problems.push(e);
         }
 
-        let (logged_sources, logged_conf) = match &restart {
-            None => (vec![], BTreeMap::new()),
-            Some(r) => {
-                let (_, entry) = r.entry();
-                (
-                    entry.sources.iter().map(|s| s.source.clone()).collect(),
-                    entry.metadata.conf.clone(),
+        let logged: &[crate::checkpoint::SourceRange] = match &restart {
+            None => &[],
+            Some(r) => &r.entry().1.sources,
+        };
+        let logged_conf = restart
+            .as_ref()
+            .map(|r| r.entry().1.metadata.conf.clone())
+            .unwrap_or_default();
+        let now = &planned.sources;
+        let pairs: Vec<crate::validate::SourcePair> = if self.source_evolution {
+            let named =
+                |n: &Option<String>| logged.iter().find(|r| r.name.is_some() && r.name == *n);
+            now.iter()
+                .map(|q| {
+                    (
+                        q.name.clone(),
+                        named(&q.name).map(|r| r.source.clone()),
+                        Some(q.identity.clone()),
+                    )
+                })
+                .chain(
+                    logged
+                        .iter()
+                        .filter(|r| !now.iter().any(|q| q.name.is_some() && q.name == r.name))
+                        .map(|r| (r.name.clone(), Some(r.source.clone()), None)),
                 )
-            }
+                .collect()
+        } else {
+            (0..logged.len().max(now.len()))
+                .map(|i| {
+                    let q = now.get(i);
+                    (
+                        q.and_then(|q| q.name.clone())
+                            .or_else(|| logged.get(i).and_then(|r| r.name.clone())),
+                        logged.get(i).map(|r| r.source.clone()),
+                        q.map(|q| q.identity.clone()),
+                    )
+                })
+                .collect()
         };
         let (last_committed, next_batch) = next_batch(restart.as_ref());
         let stored_ops = stored.map(|s| s.operators).unwrap_or_default();
@@ -987,7 +1093,7 @@ impl DataStreamWriter {
             query_id: checkpoint.id(),
             last_committed,
             next_batch,
-            sources: (logged_sources, identities),
+            sources: pairs,
             sink: (was_sink, planned.sink_record),
             operators: (&stored_ops, &operators),
             settings: (logged_conf, session_conf),
@@ -1065,14 +1171,13 @@ impl DataStreamWriter {
                 ));
             }
             let restart = RestartPoint::read(&checkpoint).await?;
-            let identities: Vec<String> = planned
-                .tables
-                .iter()
-                .map(|t| t.source().identity())
-                .collect();
-            if let Some(r) = &restart {
-                r.check_sources(&identities)?;
-            }
+            check_restart_sources(
+                &checkpoint,
+                restart.as_ref(),
+                &planned.sources,
+                self.source_evolution,
+            )
+            .await?;
             let sink = checkpoint.read_sink().await?;
             check_sink_change(sink.as_ref(), &planned.sink_record, restart.is_some())?;
             let (operators, stored) = self
@@ -1200,6 +1305,28 @@ impl WeirSession {
         checkpoint.release().await;
         result
     }
+}
+
+/// The restart rule for sources: by position, or by name with source evolution (which must be
+/// on or off as when the checkpoint was created). Returns the names the query no longer has.
+async fn check_restart_sources(
+    checkpoint: &Checkpoint,
+    restart: Option<&RestartPoint>,
+    sources: &[QuerySource],
+    evolution: bool,
+) -> Result<Vec<String>> {
+    let Some(r) = restart else {
+        return Ok(vec![]);
+    };
+    crate::source_evolution::check_setting(r.logged_conf(SOURCE_EVOLUTION), evolution)?;
+    if !evolution {
+        let identities: Vec<String> = sources.iter().map(|s| s.identity.clone()).collect();
+        r.check_sources(&identities)?;
+        return Ok(vec![]);
+    }
+    let (batch, entry) = r.entry();
+    let removed = checkpoint.removed_sources().await?;
+    crate::source_evolution::check_named(&entry.sources, batch, sources, &removed)
 }
 
 /// The last committed batch and the batch a restart runs first.
@@ -1348,6 +1475,8 @@ pub(crate) fn partitions_for(
 
 /// A query planned for streaming, with its sink, before anything is opened.
 pub(crate) struct Planned {
+    /// Its sources' names and identities, in query order.
+    pub(crate) sources: Vec<QuerySource>,
     pub(crate) plan: LogicalPlan,
     pub(crate) stateful: bool,
     pub(crate) tables: Vec<Arc<StreamingTable>>,

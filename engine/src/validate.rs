@@ -60,8 +60,10 @@ impl Change {
 #[derive(Debug, Clone, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct SourceCheck {
-    /// Its position in the query.
+    /// Its position in the query (after the query's sources, those only the checkpoint has).
     pub position: usize,
+    /// The name the user gave it.
+    pub name: Option<String>,
     /// The identity the checkpoint's newest batch recorded there.
     pub checkpoint: Option<String>,
     /// The identity of the query's source there.
@@ -187,14 +189,19 @@ pub struct ValidationReport {
     pub problems: Vec<Problem>,
 }
 
+/// A source on both sides: name, the checkpoint's identity, the query's identity.
+pub(crate) type SourcePair = (Option<String>, Option<Option<String>>, Option<String>);
+
 /// The two sides, and what the restart checks said.
 pub(crate) struct Sides<'a> {
     pub(crate) location: String,
     pub(crate) query_id: Uuid,
     pub(crate) last_committed: Option<u64>,
     pub(crate) next_batch: u64,
-    /// Source identities in the checkpoint's newest batch, and in the query.
-    pub(crate) sources: (Vec<Option<String>>, Vec<String>),
+    /// The sources paired up (by position, or by name with source evolution): the name, the
+    /// identity the checkpoint's newest batch recorded (`Some(None)`: present, identity not
+    /// recorded), and the query's.
+    pub(crate) sources: Vec<SourcePair>,
     pub(crate) sink: (Option<SinkRecord>, SinkRecord),
     pub(crate) operators: (&'a [OperatorInfo], &'a [OperatorInfo]),
     /// Logged settings and the session's values.
@@ -237,21 +244,23 @@ fn compare_operators(was: Option<&OperatorInfo>, now: Option<&OperatorInfo>) -> 
 
 impl Sides<'_> {
     pub(crate) fn report(self) -> ValidationReport {
-        let (was, now) = &self.sources;
-        let sources = (0..was.len().max(now.len()))
-            .map(|position| {
-                let (a, b) = (was.get(position), now.get(position));
-                let change = match (a, b) {
+        let sources = self
+            .sources
+            .into_iter()
+            .enumerate()
+            .map(|(position, (name, was, now))| {
+                let change = match (&was, &now) {
                     (Some(Some(a)), Some(b)) if a != b => Change::Changed,
                     // An identity not recorded (an older checkpoint) is not compared.
-                    (Some(_), Some(_)) => Change::Same,
-                    (None, _) => Change::Added,
+                    (Some(_), Some(_)) | (None, None) => Change::Same,
+                    (None, Some(_)) => Change::Added,
                     (Some(_), None) => Change::Removed,
                 };
                 SourceCheck {
                     position,
-                    checkpoint: a.cloned().flatten(),
-                    query: b.cloned(),
+                    name,
+                    checkpoint: was.flatten(),
+                    query: now,
                     change,
                 }
             })
@@ -344,7 +353,13 @@ impl ValidationReport {
                 Change::Same => side(&s.query),
                 _ => format!("{} -> {}", side(&s.checkpoint), side(&s.query)),
             };
-            let _ = writeln!(out, "  [{}] {:<8} {text}", s.position, s.change.word());
+            let name = s.name.as_ref().map_or(String::new(), |n| format!("'{n}' "));
+            let _ = writeln!(
+                out,
+                "  [{}] {:<8} {name}{text}",
+                s.position,
+                s.change.word()
+            );
         }
         let _ = writeln!(out, "\nsink");
         let text = match self.sink.change {

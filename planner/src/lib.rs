@@ -36,4 +36,4 @@ pub use analysis::{
 };
 pub use relation::{StreamCatalog, StreamRelationPlanner};
 pub use stream_scan::StreamScanExec;
-pub use table::StreamingTable;
+pub use table::{StreamingTable, check_source_name};

@@ -104,8 +104,13 @@ impl StreamRelationPlanner {
         name: &str,
         source: Arc<dyn SourceProvider>,
         alias: Option<TableAlias>,
+        source_name: Option<&str>,
     ) -> Result<RelationPlanning> {
-        let table = StreamingTable::new(name, source);
+        let mut table = StreamingTable::new(name, source);
+        if let Some(n) = source_name {
+            crate::table::check_source_name(n).map_err(user)?;
+            table = table.with_source_name(n);
+        }
         let plan =
             LogicalPlanBuilder::scan(name, provider_as_source(Arc::new(table)), None)?.build()?;
         Ok(RelationPlanning::Planned(Box::new(PlannedRelation::new(
@@ -118,18 +123,24 @@ impl StreamRelationPlanner {
         format: &str,
         args: &[FunctionArg],
         alias: Option<TableAlias>,
+        source_name: Option<&str>,
     ) -> Result<RelationPlanning> {
         let options = options_from_args(format, args).map_err(user)?;
         let source = self
             .catalog
             .create_source(format, &options)
             .map_err(source_err)?;
-        self.planned(format, source, alias)
+        self.planned(format, source, alias, source_name)
     }
 
-    fn plan_named(&self, name: &str, alias: Option<TableAlias>) -> Result<RelationPlanning> {
+    fn plan_named(
+        &self,
+        name: &str,
+        alias: Option<TableAlias>,
+        source_name: Option<&str>,
+    ) -> Result<RelationPlanning> {
         match self.catalog.stream(name) {
-            Some(source) => self.planned(name, source, alias),
+            Some(source) => self.planned(name, source, alias, source_name),
             None => Err(user(ClassifiedError::new(
                 "STREAM_NOT_FOUND",
                 "42P01",
@@ -167,7 +178,9 @@ impl RelationPlanner for StreamRelationPlanner {
         };
         let fname = last_name(name);
         if fname.eq_ignore_ascii_case("stream") {
-            let (source_args, watermark) = split_watermark(&args.args).map_err(user)?;
+            let (source_args, source_name) = split_source_name(&args.args);
+            let (source_args, watermark) = split_watermark(&source_args).map_err(user)?;
+            let source_name = source_name.as_deref();
             let planned = match source_args.as_slice() {
                 [FunctionArg::Unnamed(FunctionArgExpr::Expr(expr))] => match expr {
                     SqlExpr::Function(f) => {
@@ -182,12 +195,19 @@ impl RelationPlanner for StreamRelationPlanner {
                                 )));
                             }
                         };
-                        self.plan_source_call(&last_name(&f.name), &inner_args, alias.clone())
+                        self.plan_source_call(
+                            &last_name(&f.name),
+                            &inner_args,
+                            alias.clone(),
+                            source_name,
+                        )
                     }
-                    SqlExpr::Identifier(id) => self.plan_named(&id.value, alias.clone()),
+                    SqlExpr::Identifier(id) => {
+                        self.plan_named(&id.value, alias.clone(), source_name)
+                    }
                     SqlExpr::CompoundIdentifier(ids) => {
                         let id = ids.last().map(|i| i.value.clone()).unwrap_or_default();
-                        self.plan_named(&id, alias.clone())
+                        self.plan_named(&id, alias.clone(), source_name)
                     }
                     other => Err(user(ClassifiedError::new(
                         "INVALID_STREAM_RELATION",
@@ -217,10 +237,27 @@ impl RelationPlanner for StreamRelationPlanner {
             };
         }
         if self.catalog.is_format(&fname) {
-            return self.plan_source_call(&fname, &args.args, alias.clone());
+            return self.plan_source_call(&fname, &args.args, alias.clone(), None);
         }
         Ok(RelationPlanning::Original(Box::new(relation)))
     }
+}
+
+/// Takes the source's name out of `STREAM(source, name => 'orders_us', ...)`.
+fn split_source_name(args: &[FunctionArg]) -> (Vec<FunctionArg>, Option<String>) {
+    let mut rest = vec![];
+    let mut name = None;
+    for a in args {
+        match a {
+            FunctionArg::Named {
+                name: n,
+                arg: FunctionArgExpr::Expr(e),
+                ..
+            } if n.value.eq_ignore_ascii_case("name") => name = Some(literal_text(e)),
+            other => rest.push(other.clone()),
+        }
+    }
+    (rest, name)
 }
 
 /// Splits `STREAM(source, watermark => 'col', delay => '10 seconds')` into the source argument

@@ -22,7 +22,25 @@ use crate::StreamScanExec;
 pub struct StreamingTable {
     name: String,
     source: Arc<dyn SourceProvider>,
+    /// The name the user gave the source (`.name("orders_us")`, `STREAM(..., name =>
+    /// 'orders_us')`): with source evolution, its offsets are kept under it.
+    source_name: Option<String>,
     slot: RwLock<Option<Partitions>>,
+}
+
+/// Checks a source name: letters, digits and underscores (Spark's rule).
+pub fn check_source_name(name: &str) -> Result<(), ClassifiedError> {
+    if !name.is_empty() && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
+        return Ok(());
+    }
+    Err(ClassifiedError::new(
+        "INVALID_STREAMING_SOURCE_NAME",
+        "42602",
+        format!(
+            "'{name}' is not a valid source name: use letters, digits and underscores only \
+             (e.g. orders_us)."
+        ),
+    ))
 }
 
 impl StreamingTable {
@@ -31,8 +49,20 @@ impl StreamingTable {
         Self {
             name: name.into(),
             source,
+            source_name: None,
             slot: RwLock::new(None),
         }
+    }
+
+    /// The same table with the source named `name` (checked with [`check_source_name`]).
+    pub fn with_source_name(mut self, name: impl Into<String>) -> Self {
+        self.source_name = Some(name.into());
+        self
+    }
+
+    /// The name the user gave the source, if any.
+    pub fn source_name(&self) -> Option<&str> {
+        self.source_name.as_deref()
     }
 
     /// The table's name as written in the query.
@@ -47,7 +77,10 @@ impl StreamingTable {
 
     /// The same source with no rows: each query run gets its own copies.
     pub fn fresh(&self) -> Self {
-        Self::new(self.name.clone(), Arc::clone(&self.source))
+        Self {
+            source_name: self.source_name.clone(),
+            ..Self::new(self.name.clone(), Arc::clone(&self.source))
+        }
     }
 
     /// Makes `partitions` the rows of the current micro-batch.

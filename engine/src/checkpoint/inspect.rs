@@ -53,6 +53,8 @@ pub struct CheckpointReport {
 pub struct SourceReport {
     /// Its position in the query.
     pub position: usize,
+    /// The name the user gave it, if any.
+    pub name: Option<String>,
     /// What the offsets log records to recognise it (`rate`, `delta:file:///...`).
     pub source: Option<String>,
     /// Where the last committed batch ended.
@@ -151,6 +153,7 @@ pub async fn inspect(location: Location) -> Result<CheckpointReport> {
     let sources = (0..count)
         .map(|position| SourceReport {
             position,
+            name: newest.and_then(|e| e.sources[position].name.clone()),
             source: newest.and_then(|e| e.sources[position].source.clone()),
             committed_offset: committed_entry
                 .as_ref()
@@ -278,8 +281,9 @@ impl CheckpointReport {
         for s in &self.sources {
             let _ = writeln!(
                 out,
-                "  [{}] {}\n      committed end: {}",
+                "  [{}] {}{}\n      committed end: {}",
                 s.position,
+                s.name.as_ref().map_or(String::new(), |n| format!("'{n}' ")),
                 s.source.as_deref().unwrap_or("(not recorded)"),
                 s.committed_offset
                     .as_ref()

@@ -42,6 +42,10 @@ pub struct SourceRange {
     /// Which source this is ([`weir_sources::SourceProvider::identity`]), checked on restart.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub source: Option<String>,
+    /// The name the user gave the source: with source evolution, a restart finds the source's
+    /// offsets by it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
 }
 
 /// An entry of the offsets log: everything needed to re-run batch N exactly.
@@ -152,6 +156,7 @@ mod tests {
                 start: Offset::long(3),
                 end: Offset(serde_json::json!({"offset": 10, "timestamp": 1000})),
                 source: Some("rate-micro-batch".into()),
+                name: Some("clicks".into()),
             }],
         }
     }
@@ -162,13 +167,13 @@ mod tests {
         assert!(text.starts_with("v1\n{\"batchWatermarkMs\":0,"), "{text}");
         assert!(
             text.ends_with(
-                "{\"start\":3,\"end\":{\"offset\":10,\"timestamp\":1000},\"source\":\"rate-micro-batch\"}"
+                "{\"start\":3,\"end\":{\"offset\":10,\"timestamp\":1000},\"source\":\"rate-micro-batch\",\"name\":\"clicks\"}"
             ),
             "{text}"
         );
         assert_eq!(OffsetEntry::decode(text.as_bytes()).unwrap(), entry());
         // Entries written before sources were named still read.
-        let unnamed = text.replace(",\"source\":\"rate-micro-batch\"", "");
+        let unnamed = text.replace(",\"source\":\"rate-micro-batch\",\"name\":\"clicks\"", "");
         assert_eq!(
             OffsetEntry::decode(unnamed.as_bytes()).unwrap().sources[0].source,
             None

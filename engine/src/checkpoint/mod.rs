@@ -43,6 +43,7 @@ const STATE_METADATA: &str = "state/_metadata";
 const SINK: &str = "sink";
 const LOCK: &str = ".weir-lock";
 const RESETS: &str = "resets";
+const SOURCE_NAMES: &str = "source_names";
 const CHECKPOINT_VERSION: u32 = 1;
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -212,6 +213,38 @@ impl Checkpoint {
     /// The private directory of the source at `position`.
     pub fn source_dir(&self, position: usize) -> Location {
         self.location.child(&format!("{SOURCES}/{position}"))
+    }
+
+    /// The private directory of the source named `name` (with source evolution).
+    pub fn named_source_dir(&self, name: &str) -> Location {
+        self.location.child(&format!("{SOURCES}/{name}"))
+    }
+
+    /// The source names removed from the query (with source evolution), never to come back.
+    pub(crate) async fn removed_sources(&self) -> Result<std::collections::BTreeSet<String>> {
+        #[derive(Deserialize)]
+        struct Names {
+            removed: Vec<String>,
+        }
+        let Some(bytes) = self.location.get(SOURCE_NAMES).await? else {
+            return Ok(Default::default());
+        };
+        serde_json::from_slice::<Names>(&bytes)
+            .map(|n| n.removed.into_iter().collect())
+            .map_err(|e| Error::Corrupt {
+                file: self.file(SOURCE_NAMES),
+                problem: format!("is not a record of removed sources ({e})"),
+            })
+    }
+
+    /// Records `names` as removed from the query.
+    pub(crate) async fn add_removed_sources(&self, names: &[String]) -> Result<()> {
+        self.check_lease()?;
+        let mut all = self.removed_sources().await?;
+        all.extend(names.iter().cloned());
+        let text = serde_json::json!({ "removed": all }).to_string();
+        self.location.put(SOURCE_NAMES, Bytes::from(text)).await?;
+        Ok(())
     }
 
     /// The directory of the operators' state stores (local checkpoints only).
