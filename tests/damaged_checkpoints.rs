@@ -40,7 +40,8 @@ fn copy_dir(from: &Path, to: &Path) {
 #[derive(Debug, Clone, Copy, PartialEq)]
 enum Damage {
     Truncated,
-    Garbled,
+    /// Six bytes overwritten, starting at this fraction of the file (in tenths).
+    Garbled(usize),
     Deleted,
     Newer,
 }
@@ -49,10 +50,10 @@ fn damage(path: &Path, how: Damage) {
     let bytes = std::fs::read(path).unwrap();
     let damaged = match how {
         Damage::Truncated => bytes[..bytes.len() / 2].to_vec(),
-        Damage::Garbled => {
+        Damage::Garbled(tenths) => {
             let mut b = bytes.clone();
-            let mid = b.len() / 2;
-            for x in b.iter_mut().skip(mid).take(6) {
+            let at = b.len() * tenths / 10;
+            for x in b.iter_mut().skip(at).take(6) {
                 *x = b'~';
             }
             b
@@ -208,7 +209,14 @@ fn every_damaged_checkpoint_file_is_refused_by_name_or_recovered_exactly() {
     };
     let mut report = vec![];
     for file in files {
-        for how in [Truncated, Garbled, Deleted, Newer] {
+        for how in [
+            Truncated,
+            Garbled(2),
+            Garbled(5),
+            Garbled(8),
+            Deleted,
+            Newer,
+        ] {
             s.restore();
             damage(&s.ck().join(file), how);
             let damaged = contents(&s.ck());
@@ -256,7 +264,7 @@ fn every_damaged_checkpoint_file_is_refused_by_name_or_recovered_exactly() {
             report.push(format!("{case}: {}", class.unwrap_or_default()));
         }
     }
-    assert_eq!(report.len(), files.len() * 4 - 7, "{report:#?}");
+    assert_eq!(report.len(), files.len() * 6 - 9, "{report:#?}");
 }
 
 #[test]

@@ -231,18 +231,10 @@ async fn on_s3_a_log_entry_is_written_once_and_a_query_resumes_from_its_checkpoi
         first,
         "the restart left the first run's log alone"
     );
-    let next: serde_json::Value = serde_json::from_slice(
-        ck.get("offsets/3")
-            .await
-            .unwrap()
-            .unwrap()
-            .split(|&b| b == b'\n')
-            .next_back()
-            .unwrap(),
-    )
-    .unwrap();
+    let next = weir::checkpoint::OffsetEntry::decode(&ck.get("offsets/3").await.unwrap().unwrap())
+        .unwrap();
     assert_eq!(
-        next["start"]["offset"], 30,
+        next.sources[0].start.0["offset"], 30,
         "batch 3 starts after the 30 rows of batches 0-2"
     );
 }

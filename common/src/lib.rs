@@ -9,6 +9,7 @@ pub mod error;
 pub mod failpoint;
 pub mod location;
 pub mod options;
+pub mod sealed;
 
 pub use duration::parse_duration;
 pub use error::ClassifiedError;

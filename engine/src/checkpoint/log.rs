@@ -89,6 +89,15 @@ pub(crate) fn version_line(text: &str) -> Result<(u32, std::str::Lines<'_>), Dec
     Ok((v, lines))
 }
 
+pub(crate) use weir_common::sealed::{seal, unseal};
+
+/// The lines after the version line of a [`seal`]ed log file, checked: a newer format is
+/// reported as such before the checksum is looked at.
+pub(crate) fn checked_lines(text: &str) -> Result<std::str::Lines<'_>, DecodeError> {
+    let _newer_first = version_line(text)?;
+    version_line(unseal(text)?).map(|(_, lines)| lines)
+}
+
 fn truncate(s: &str) -> String {
     s.chars().take(40).collect()
 }
@@ -102,13 +111,13 @@ impl OffsetEntry {
             s.push('\n');
             s += &serde_json::to_string(r).unwrap_or_default();
         }
-        s
+        seal(s)
     }
 
     /// Reads an entry from file content.
     pub fn decode(bytes: &[u8]) -> Result<Self, DecodeError> {
         let text = std::str::from_utf8(bytes).map_err(|_| "is not UTF-8 text".to_string())?;
-        let (_, mut lines) = version_line(text)?;
+        let mut lines = checked_lines(text)?;
         let meta_line = lines.next().ok_or("ends after its version line")?;
         let metadata: BatchMetadata = serde_json::from_str(meta_line)
             .map_err(|e| format!("has an unreadable batch metadata line ({e})"))?;
@@ -126,16 +135,16 @@ impl OffsetEntry {
 impl CommitEntry {
     /// The entry as file content.
     pub fn encode(&self) -> String {
-        format!(
+        seal(format!(
             "v{LOG_VERSION}\n{}",
             serde_json::to_string(self).unwrap_or_default()
-        )
+        ))
     }
 
     /// Reads an entry from file content.
     pub fn decode(bytes: &[u8]) -> Result<Self, DecodeError> {
         let text = std::str::from_utf8(bytes).map_err(|_| "is not UTF-8 text".to_string())?;
-        let (_, mut lines) = version_line(text)?;
+        let mut lines = checked_lines(text)?;
         let line = lines.next().ok_or("ends after its version line")?;
         serde_json::from_str(line).map_err(|e| format!("has an unreadable commit line ({e})"))
     }
@@ -165,15 +174,17 @@ mod tests {
     fn offsets_entries_round_trip_in_a_readable_format() {
         let text = entry().encode();
         assert!(text.starts_with("v1\n{\"batchWatermarkMs\":0,"), "{text}");
+        let body = unseal(&text).unwrap();
         assert!(
-            text.ends_with(
+            body.ends_with(
                 "{\"start\":3,\"end\":{\"offset\":10,\"timestamp\":1000},\"source\":\"rate-micro-batch\",\"name\":\"clicks\"}"
             ),
             "{text}"
         );
+        assert!(text.contains("\n#fnv64="), "{text}");
         assert_eq!(OffsetEntry::decode(text.as_bytes()).unwrap(), entry());
-        // Entries written before sources were named still read.
-        let unnamed = text.replace(",\"source\":\"rate-micro-batch\",\"name\":\"clicks\"", "");
+        // Entries written before sources were named and before the checksum line still read.
+        let unnamed = body.replace(",\"source\":\"rate-micro-batch\",\"name\":\"clicks\"", "");
         assert_eq!(
             OffsetEntry::decode(unnamed.as_bytes()).unwrap().sources[0].source,
             None
@@ -185,6 +196,16 @@ mod tests {
         let text = entry().encode();
         let cut = &text.as_bytes()[..text.len() / 2];
         assert!(OffsetEntry::decode(cut).unwrap_err().contains("unreadable"));
+        // Damage inside a value still parses as JSON; the checksum finds it.
+        let garbled = text
+            .replace("rocksdb", "rocksXX")
+            .replace("shuffle", "shuffXX");
+        assert!(
+            OffsetEntry::decode(garbled.as_bytes())
+                .unwrap_err()
+                .contains("checksum"),
+            "{garbled}"
+        );
         assert!(OffsetEntry::decode(b"").unwrap_err().contains("empty"));
         assert!(
             OffsetEntry::decode(b"v9\n{}")

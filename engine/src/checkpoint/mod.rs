@@ -356,19 +356,24 @@ impl Checkpoint {
         let Some(bytes) = self.location.get(SINK).await? else {
             return Ok(None);
         };
-        serde_json::from_slice(&bytes)
+        let corrupt = |problem: String| Error::Corrupt {
+            file: self.file(SINK),
+            problem,
+        };
+        let text = std::str::from_utf8(&bytes).map_err(|_| corrupt("is not UTF-8 text".into()))?;
+        let body = log::unseal(text).map_err(corrupt)?;
+        serde_json::from_str(body)
             .map(Some)
-            .map_err(|e| Error::Corrupt {
-                file: self.file(SINK),
-                problem: format!("is not a sink record ({e})"),
-            })
+            .map_err(|e| corrupt(format!("is not a sink record ({e})")))
     }
 
     /// Records the sink the next batches are written to.
     pub async fn write_sink(&self, record: &SinkRecord) -> Result<()> {
         self.check_lease()?;
         let text = serde_json::to_string(record).map_err(|e| Error::Internal(e.to_string()))?;
-        self.location.put(SINK, Bytes::from(text)).await?;
+        self.location
+            .put(SINK, Bytes::from(log::seal(text)))
+            .await?;
         Ok(())
     }
 
@@ -519,11 +524,24 @@ fn is_log(rel: &str) -> bool {
 
 fn parse_metadata(location: &Location, bytes: &[u8]) -> Result<Uuid> {
     let file = format!("{}/{METADATA}", location.display());
-    let meta: Metadata = serde_json::from_slice(bytes).map_err(|e| Error::Corrupt {
+    let corrupt = |problem: String| Error::Corrupt {
         file: file.clone(),
-        problem: format!("is not a readable metadata file ({e})"),
-    })?;
+        problem,
+    };
+    // One JSON object, as Spark's, so that tools reading Spark's metadata read it too.
+    let body = std::str::from_utf8(bytes).map_err(|_| corrupt("is not UTF-8 text".into()))?;
+    let json: serde_json::Value = serde_json::from_str(body)
+        .map_err(|e| corrupt(format!("is not a readable metadata file ({e})")))?;
+    // Spark's metadata holds the query id only; anything else without weir's version is damage.
+    let foreign = json
+        .as_object()
+        .is_some_and(|o| o.keys().all(|k| k == "id"));
+    let meta: Metadata = serde_json::from_value(json)
+        .map_err(|e| corrupt(format!("is not a readable metadata file ({e})")))?;
     match meta.weir_checkpoint_version {
+        None if !foreign => Err(corrupt(
+            "has no weir checkpoint version where weir writes one".into(),
+        )),
         None => Err(Error::user(
             "CHECKPOINT_LOCATION_NOT_WEIR",
             "42K04",

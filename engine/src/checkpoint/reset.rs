@@ -213,7 +213,7 @@ pub(crate) fn plan_state(
 
 fn encode(record: &ResetRecord) -> Result<String> {
     let json = serde_json::to_string(record).map_err(|e| Error::Internal(e.to_string()))?;
-    Ok(format!("v1\n{json}"))
+    Ok(super::log::seal(format!("v1\n{json}")))
 }
 
 impl Checkpoint {
@@ -231,7 +231,7 @@ impl Checkpoint {
             };
             let text =
                 std::str::from_utf8(&bytes).map_err(|_| corrupt("is not UTF-8 text".into()))?;
-            let (_, mut lines) = super::log::version_line(text).map_err(corrupt)?;
+            let mut lines = super::log::checked_lines(text).map_err(corrupt)?;
             let json = lines
                 .next()
                 .ok_or_else(|| corrupt("has no record after its version line".into()))?;

@@ -139,16 +139,16 @@ const FORMAT_VERSION: u32 = 1;
 impl StateMetadata {
     /// The file's content: a version line, then the JSON.
     pub(crate) fn encode(&self) -> String {
-        format!(
+        crate::checkpoint::log::seal(format!(
             "v{FORMAT_VERSION}\n{}",
             serde_json::to_string(self).unwrap_or_default()
-        )
+        ))
     }
 
     /// Reads [`StateMetadata::encode`]'s output; the error says what is wrong.
     pub(crate) fn decode(bytes: &[u8]) -> std::result::Result<Self, String> {
         let text = std::str::from_utf8(bytes).map_err(|_| "is not UTF-8 text".to_string())?;
-        let (_, mut lines) = crate::checkpoint::log::version_line(text)?;
+        let mut lines = crate::checkpoint::log::checked_lines(text)?;
         let json = lines
             .next()
             .ok_or("has no operator list after its version line")?;

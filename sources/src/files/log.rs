@@ -85,6 +85,7 @@ impl SourceLog {
                     .map_err(|e| Error::Corrupt(format!("cannot serialize a log line: {e}")))?,
             );
         }
+        let text = weir_common::sealed::seal(text);
         match self.dir.put_if_absent(&n.to_string(), text.into()).await? {
             Created::Yes => {
                 self.entries.insert(n, files.clone());
@@ -120,7 +121,10 @@ fn parse(dir: &Location, name: &str, bytes: &[u8]) -> Result<Vec<FileMeta>> {
         }
         _ => return Err(corrupt("its first line is not a format version".into())),
     }
-    lines
+    let body = weir_common::sealed::unseal(text)
+        .map_err(|_| corrupt("its checksum does not match its content".into()))?;
+    body.lines()
+        .skip(1)
         .filter(|l| !l.trim().is_empty())
         .map(|l| serde_json::from_str(l).map_err(|e| corrupt(format!("line '{l}': {e}"))))
         .collect()
