@@ -1,0 +1,353 @@
+//! The checkpoint tools on the writer and the session: `validate` (every restart check, read
+//! only), `reset_checkpoint` (a selective reset) and `refresh_checkpoint` (a full refresh).
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use weir_common::{Location, Options};
+use weir_sinks::{FileSink, OutputMode, SinkSpec};
+
+use super::checks::{
+    check_operators, check_restart_sources, check_sink_change, check_state_durable, next_batch,
+    partitions_for, planned_operators,
+};
+use super::{DataStreamWriter, Planned, SHUFFLE_PARTITIONS, STATE_STORE, WATERMARK_POLICY};
+use crate::execution::RestartPoint;
+use crate::stateful::{OperatorInfo, StateBackend, StateMetadata, StateRun};
+use crate::{Checkpoint, Error, Result, WeirSession};
+
+impl DataStreamWriter {
+    /// Checks whether this query could restart from its checkpoint location, without running
+    /// anything or writing to the checkpoint: every restart check [`DataStreamWriter::start`]
+    /// makes (sources, sink, stateful operators and their schemas, the state store), each
+    /// reported, with the checkpoint's and the query's side by side. An error means the
+    /// checkpoint could not be read at all (missing, damaged, or the query is not valid).
+    pub async fn validate(mut self) -> Result<crate::validate::ValidationReport> {
+        let planned = self.plan_query()?;
+        let Some(dir) = self.checkpoint.clone() else {
+            return Err(Error::user(
+                "CHECKPOINT_LOCATION_REQUIRED",
+                "42601",
+                "Validating a query needs the checkpoint to check it against: set \
+                 checkpoint_location(...) (CLI: weir checkpoint validate DIR QUERY.sql).",
+            ));
+        };
+        let location = Location::parse_existing_with(&dir, std::iter::empty::<(&str, &str)>())?;
+        let checkpoint = Checkpoint::open_read_only(location).await?;
+        let restart = RestartPoint::read(&checkpoint).await?;
+        let mut problems = vec![];
+        if let Err(e) = check_restart_sources(
+            &checkpoint,
+            restart.as_ref(),
+            &planned.sources,
+            self.source_evolution,
+        )
+        .await
+        {
+            problems.push(e);
+        }
+        let was_sink = checkpoint.read_sink().await?;
+        if let Err(e) =
+            check_sink_change(was_sink.as_ref(), &planned.sink_record, restart.is_some())
+        {
+            problems.push(e);
+        }
+
+        if let Err(e) = checkpoint.check_resets_done().await {
+            problems.push(e);
+        }
+        let state = self.session.ctx.state();
+        let session_conf = BTreeMap::from([
+            (
+                SHUFFLE_PARTITIONS.to_string(),
+                state.config().target_partitions().to_string(),
+            ),
+            (
+                STATE_STORE.to_string(),
+                self.state_backend.name().to_string(),
+            ),
+            (
+                WATERMARK_POLICY.to_string(),
+                if self.max_watermark { "max" } else { "min" }.to_string(),
+            ),
+        ]);
+        let (operators, stored) = self
+            .operators_against(&planned, &checkpoint, restart.as_ref())
+            .await?;
+        let committed = restart.as_ref().is_some_and(|r| r.has_committed_batches());
+        if let Err(e) = check_operators(
+            stored.as_ref(),
+            &operators,
+            committed,
+            self.allow_state_definition_change,
+        ) {
+            problems.push(e);
+        }
+        let backend = restart
+            .as_ref()
+            .and_then(|r| r.logged_conf(STATE_STORE))
+            .unwrap_or(self.state_backend.name());
+        if let Err(e) = check_state_durable(backend, committed && !operators.is_empty()) {
+            problems.push(e);
+        }
+
+        let logged: &[crate::checkpoint::SourceRange] = match &restart {
+            None => &[],
+            Some(r) => &r.entry().1.sources,
+        };
+        let logged_conf = restart
+            .as_ref()
+            .map(|r| r.entry().1.metadata.conf.clone())
+            .unwrap_or_default();
+        let now = &planned.sources;
+        let pairs: Vec<crate::validate::SourcePair> = if self.source_evolution {
+            let named =
+                |n: &Option<String>| logged.iter().find(|r| r.name.is_some() && r.name == *n);
+            now.iter()
+                .map(|q| {
+                    (
+                        q.name.clone(),
+                        named(&q.name).map(|r| r.source.clone()),
+                        Some(q.identity.clone()),
+                    )
+                })
+                .chain(
+                    logged
+                        .iter()
+                        .filter(|r| !now.iter().any(|q| q.name.is_some() && q.name == r.name))
+                        .map(|r| (r.name.clone(), Some(r.source.clone()), None)),
+                )
+                .collect()
+        } else {
+            (0..logged.len().max(now.len()))
+                .map(|i| {
+                    let q = now.get(i);
+                    (
+                        q.and_then(|q| q.name.clone())
+                            .or_else(|| logged.get(i).and_then(|r| r.name.clone())),
+                        logged.get(i).map(|r| r.source.clone()),
+                        q.map(|q| q.identity.clone()),
+                    )
+                })
+                .collect()
+        };
+        let (last_committed, next_batch) = next_batch(restart.as_ref());
+        let stored_ops = stored.map(|s| s.operators).unwrap_or_default();
+        Ok(crate::validate::Sides {
+            location: checkpoint.location().display().to_string(),
+            query_id: checkpoint.id(),
+            last_committed,
+            next_batch,
+            sources: pairs,
+            sink: (was_sink, planned.sink_record),
+            operators: (&stored_ops, &operators),
+            settings: (logged_conf, session_conf),
+            problems,
+        }
+        .report())
+    }
+}
+
+impl DataStreamWriter {
+    /// The stateful operators this query plans with the checkpoint's partition count, and the
+    /// checkpoint's record of its operators. Nothing is opened: planning uses the memory state
+    /// store.
+    async fn operators_against(
+        &self,
+        planned: &Planned,
+        checkpoint: &Checkpoint,
+        restart: Option<&RestartPoint>,
+    ) -> Result<(Vec<OperatorInfo>, Option<StateMetadata>)> {
+        let mut state = self.session.ctx.state();
+        let partitions = partitions_for(restart, &state);
+        state.config_mut().options_mut().execution.target_partitions = partitions;
+        let stored = checkpoint.read_state_metadata().await?;
+        if !planned.stateful && stored.is_none() {
+            return Ok((vec![], None));
+        }
+        let run = Arc::new(StateRun::open(
+            StateBackend::Memory,
+            None,
+            None,
+            checkpoint.id(),
+            uuid::Uuid::new_v4(),
+            partitions,
+            self.output_mode,
+        )?);
+        let operators = planned_operators(&state, &planned.plan, &planned.tables, &run).await?;
+        Ok((operators, stored))
+    }
+
+    /// Fits the checkpoint to this query, which changed, so that it continues where the
+    /// checkpoint left off (a selective reset, `weir checkpoint reset DIR --query QUERY.sql`):
+    /// stateful operators whose state still fits keep it, changed or added ones start empty
+    /// at the next batch, removed ones' state is deleted, and every source continues from its
+    /// committed offsets, so the sink's output continues with no row lost or doubled. The
+    /// sources and the sink must be the ones the checkpoint has. The reset is recorded in
+    /// `resets/<n>`; the query is not started.
+    pub async fn reset_checkpoint(mut self) -> Result<crate::checkpoint::reset::ResetReport> {
+        use crate::checkpoint::reset::{
+            ResetKind, ResetRecord, ResetReport, delete_unused_state, next_reset, plan_state,
+        };
+        let planned = self.plan_query()?;
+        let Some(dir) = self.checkpoint.clone() else {
+            return Err(Error::user(
+                "CHECKPOINT_LOCATION_REQUIRED",
+                "42601",
+                "A reset needs the checkpoint to reset: set checkpoint_location(...) (CLI: weir \
+                 checkpoint reset DIR --query QUERY.sql).",
+            ));
+        };
+        let location = Location::parse_existing_with(&dir, std::iter::empty::<(&str, &str)>())?;
+        // Refuses a missing or foreign location before anything is created.
+        Checkpoint::open_read_only(location.clone()).await?;
+        let mut checkpoint = Checkpoint::open(location, false).await?;
+        let result = async {
+            let resets = checkpoint.resets().await?;
+            let (n, unfinished) = next_reset(&resets);
+            if unfinished.is_some_and(|r| r.kind == ResetKind::FullRefresh) {
+                return Err(Error::user(
+                    "CHECKPOINT_RESET_INCOMPLETE",
+                    "55000",
+                    format!(
+                        "resets/{n} of the checkpoint is a full refresh that did not finish: \
+                         finish it first (weir checkpoint reset DIR --full)."
+                    ),
+                ));
+            }
+            let restart = RestartPoint::read(&checkpoint).await?;
+            check_restart_sources(
+                &checkpoint,
+                restart.as_ref(),
+                &planned.sources,
+                self.source_evolution,
+            )
+            .await?;
+            let sink = checkpoint.read_sink().await?;
+            check_sink_change(sink.as_ref(), &planned.sink_record, restart.is_some())?;
+            let (operators, stored) = self
+                .operators_against(&planned, &checkpoint, restart.as_ref())
+                .await?;
+            let (_, next) = next_batch(restart.as_ref());
+            let taken = checkpoint.state_folder_ids().await?.into_iter().collect();
+            let stored = stored.map(|s| s.operators).unwrap_or_default();
+            let plan = plan_state(&stored, &operators, next, &taken);
+            let mut record = match unfinished {
+                Some(r) => r.clone(),
+                None => ResetRecord {
+                    kind: ResetKind::Selective,
+                    time: crate::progress::format_timestamp(chrono::Utc::now().timestamp_millis()),
+                    query_id_before: checkpoint.id(),
+                    query_id_after: checkpoint.id(),
+                    next_batch: next,
+                    operators: plan.changes.clone(),
+                    sink: match &sink {
+                        Some(s) => format!(
+                            "{} output kept and continued",
+                            crate::checkpoint::reset::describe(s)
+                        ),
+                        None => "none recorded".into(),
+                    },
+                    done: false,
+                },
+            };
+            if unfinished.is_none() {
+                checkpoint.write_reset(n, &record).await?;
+            }
+            checkpoint
+                .replace_state_metadata(&StateMetadata {
+                    operators: plan.operators.clone(),
+                })
+                .await?;
+            delete_unused_state(&checkpoint, &plan.operators).await?;
+            record.done = true;
+            checkpoint.write_reset(n, &record).await?;
+            Ok(ResetReport {
+                location: checkpoint.location().display().to_string(),
+                reset: n,
+                record,
+            })
+        }
+        .await;
+        checkpoint.release().await;
+        result
+    }
+}
+
+impl WeirSession {
+    /// Full refresh of the checkpoint at `dir` (`weir checkpoint reset DIR --full`): deletes
+    /// its batches, state and sources' files, clears what its sink wrote (file sinks, Delta;
+    /// with `keep_sink_data` the output stays, and a file sink is refused as its log would
+    /// skip the rerun's batches), and gives the query a new ID, so that it starts over from its
+    /// sources' starting positions. Recorded in `resets/<n>`.
+    pub async fn refresh_checkpoint(
+        &self,
+        dir: &str,
+        keep_sink_data: bool,
+    ) -> Result<crate::checkpoint::reset::ResetReport> {
+        let location = Location::parse_existing_with(dir, std::iter::empty::<(&str, &str)>())?;
+        let mut checkpoint = Checkpoint::open_for_refresh(location).await?;
+        let sinks = &self.inner().sinks;
+        let clear = |record: crate::checkpoint::SinkRecord| async move {
+            let what = crate::checkpoint::reset::describe(&record);
+            let Some(identity) = record.identity.clone() else {
+                if keep_sink_data {
+                    return Ok(format!("{what} output kept"));
+                }
+                return Err(Error::user(
+                    "FULL_REFRESH_SINK_NOT_CLEARABLE",
+                    "0A000",
+                    format!(
+                        "The checkpoint's batches were written to the {what} sink, whose output \
+                         weir cannot take back. Clear it yourself if needed, then run the full \
+                         refresh again with --keep-sink-data (the checkpoint is unchanged)."
+                    ),
+                ));
+            };
+            let sink = {
+                let registry = sinks
+                    .read()
+                    .map_err(|_| Error::Internal("sink registry lock poisoned".into()))?;
+                let mut options = Options::new();
+                options.set("path", identity);
+                registry.create(&SinkSpec {
+                    format: record.format.clone(),
+                    options,
+                    output_mode: OutputMode::Append,
+                    query_name: None,
+                    schema: Arc::new(datafusion::arrow::datatypes::Schema::empty()),
+                })?
+            };
+            if keep_sink_data {
+                if sink.as_any().downcast_ref::<FileSink>().is_some() {
+                    return Err(Error::user(
+                        "FULL_REFRESH_SINK_NOT_CLEARABLE",
+                        "0A000",
+                        format!(
+                            "The {what} sink's log records which batches it holds, so a rerun \
+                             from batch 0 would be skipped as already written: its output cannot \
+                             be kept. Move the folder away, or run the full refresh without \
+                             --keep-sink-data."
+                        ),
+                    ));
+                }
+                return Ok(format!("{what} output kept"));
+            }
+            sink.clear_output().await?;
+            Ok(format!("{what} output cleared"))
+        };
+        // Refuse before touching anything when the sink cannot be dealt with.
+        let precheck = match checkpoint.read_sink().await {
+            Ok(Some(r)) if r.identity.is_none() && !keep_sink_data => Some(clear(r).await),
+            Ok(Some(r)) if keep_sink_data && r.identity.is_some() => Some(clear(r).await),
+            Ok(_) => None,
+            Err(e) => Some(Err(e)),
+        };
+        let result = match precheck {
+            Some(Err(e)) => Err(e),
+            _ => crate::checkpoint::reset::full_refresh(&mut checkpoint, Some(clear)).await,
+        };
+        checkpoint.release().await;
+        result
+    }
+}
