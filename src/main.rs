@@ -68,6 +68,18 @@ enum CheckpointCommand {
         #[arg(long)]
         json: bool,
     },
+    /// Runs batch N of a checkpoint again, read-only, and prints each source's range and the
+    /// rows the batch produced: its logged offsets, time and watermark, and the state as it was
+    /// before the batch. Neither the sink nor the checkpoint is touched. For debugging.
+    Replay {
+        /// The checkpoint location (local path, file:// or s3:// URL).
+        dir: String,
+        /// The SQL file of the query (it must pass the restart checks against the checkpoint).
+        file: PathBuf,
+        /// The batch to run again.
+        #[arg(long)]
+        batch: u64,
+    },
     /// Whether a query (a SQL file) would restart from a checkpoint: runs every restart check
     /// without executing anything or writing to the checkpoint, and prints the checkpoint's
     /// and the query's sources, sink and stateful operators side by side with what refuses
@@ -245,7 +257,8 @@ async fn run(cli: Cli) -> anyhow::Result<std::process::ExitCode> {
                     StatementResult::Query(q) => queries.push(q),
                     StatementResult::Done
                     | StatementResult::Validated(_)
-                    | StatementResult::Reset(_) => {}
+                    | StatementResult::Reset(_)
+                    | StatementResult::Replayed(_) => {}
                 }
             }
             if queries.is_empty() {
@@ -351,6 +364,32 @@ async fn run(cli: Cli) -> anyhow::Result<std::process::ExitCode> {
             } else {
                 print!("{}", report.table());
             }
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Checkpoint {
+            command: CheckpointCommand::Replay { dir, file, batch },
+        } => {
+            let sql = std::fs::read_to_string(&file)
+                .with_context(|| format!("cannot read the SQL file {}", file.display()))?;
+            let opts = ScriptOptions {
+                checkpoint: Some(dir),
+                ..ScriptOptions::default()
+            };
+            let report = WeirSession::new()
+                .replay_script(&sql, &opts, batch)
+                .await?
+                .into_iter()
+                .find_map(|r| match r {
+                    StatementResult::Replayed(r) => Some(r),
+                    _ => None,
+                })
+                .with_context(|| {
+                    format!(
+                        "{} starts no streaming query: there is nothing to replay",
+                        file.display()
+                    )
+                })?;
+            print!("{}", report.table()?);
             Ok(ExitCode::SUCCESS)
         }
         Command::Bench {

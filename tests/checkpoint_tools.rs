@@ -991,3 +991,80 @@ fn a_full_refresh_empties_a_delta_table_and_the_query_writes_it_again() {
         ["0,7", "1,7", "2,6"]
     );
 }
+
+/// `weir checkpoint replay`: a batch runs again with its logged offsets and the state before it,
+/// and shows its output; neither the checkpoint nor the Delta table changes.
+#[test]
+fn replay_runs_a_batch_again_from_the_state_before_it_and_writes_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let ck = killed_aggregation(dir.path());
+    let file = dir.path().join("q.sql");
+    let counted = aggregation_sql(
+        dir.path(),
+        "out",
+        RATE,
+        "value % 3 AS k, count(*) AS n",
+        "GROUP BY value % 3",
+    );
+    std::fs::write(&file, &counted).unwrap();
+    let before = files(dir.path());
+    let replay = |batch: &str| {
+        let out = weir(&[
+            "checkpoint",
+            "replay",
+            &ck,
+            file.to_str().unwrap(),
+            "--batch",
+            batch,
+        ]);
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let rows = |text: &str| -> Vec<String> {
+        let mut r: Vec<String> = text
+            .lines()
+            .filter(|l| l.starts_with("| ") && !l.contains(" k "))
+            .map(|l| l.split_whitespace().collect::<Vec<_>>().join(" "))
+            .collect();
+        r.sort();
+        r
+    };
+    // Batch 1 (values 10..19) on the state after batch 0: the counts of values 0..19.
+    let (ok, text, err) = replay("1");
+    assert!(ok, "{err}");
+    assert!(text.contains("batch 1 (committed)"), "{text}");
+    assert!(text.contains("rate-micro-batch: 10 row(s)"), "{text}");
+    assert_eq!(
+        rows(&text),
+        ["| 0 | 7 |", "| 1 | 7 |", "| 2 | 6 |"],
+        "{text}"
+    );
+    // The pending batch 3 (values 30..39): the counts of values 0..39.
+    let (ok, text, err) = replay("3");
+    assert!(ok, "{err}");
+    assert!(text.contains("batch 3 (pending)"), "{text}");
+    assert_eq!(
+        rows(&text),
+        ["| 0 | 14 |", "| 1 | 13 |", "| 2 | 13 |"],
+        "{text}"
+    );
+    assert_eq!(
+        files(dir.path()),
+        before,
+        "the checkpoint and the table are untouched"
+    );
+
+    let (ok, _, err) = replay("9");
+    assert!(!ok);
+    assert!(err.contains("CHECKPOINT_BATCH_NOT_FOUND"), "{err}");
+    std::fs::write(&file, counted.replace("count(*)", "sum(value)")).unwrap();
+    let (ok, _, err) = replay("1");
+    assert!(!ok);
+    assert!(
+        err.contains("STATEFUL_OPERATOR_DEFINITION_CHANGED"),
+        "{err}"
+    );
+}

@@ -265,7 +265,8 @@ impl AsyncDB for WeirDb {
                 StatementResult::Rows(batches) => to_output(&batches)?,
                 StatementResult::Done
                 | StatementResult::Validated(_)
-                | StatementResult::Reset(_) => DBOutput::StatementComplete(0),
+                | StatementResult::Reset(_)
+                | StatementResult::Replayed(_) => DBOutput::StatementComplete(0),
             };
         }
         Ok(output)

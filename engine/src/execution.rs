@@ -184,44 +184,50 @@ impl RestartPoint {
     /// logged batch read other sources or another number of them.
     pub(crate) fn check_sources(&self, sources: &[String]) -> Result<()> {
         let (batch, entry) = self.entry();
-        let logged = entry.sources.len();
-        let sources_now = sources.len();
-        if let Some((i, was, now)) =
-            entry
-                .sources
-                .iter()
-                .zip(sources)
-                .enumerate()
-                .find_map(|(i, (r, now))| match &r.source {
-                    Some(was) if was != now => Some((i, was, now)),
-                    _ => None,
-                })
-        {
-            return Err(Error::user(
-                "STREAMING_QUERY_SOURCES_CHANGED",
-                "42K03",
-                format!(
-                    "Source {i} of the query is now '{now}', but the checkpoint's batch {batch} \
+        check_sources_of(entry, batch, sources)
+    }
+}
+
+/// Refuses `sources` (the query's sources' identities, by position) when batch `batch`
+/// (`entry`) read other sources or another number of them.
+pub(crate) fn check_sources_of(entry: &OffsetEntry, batch: u64, sources: &[String]) -> Result<()> {
+    let logged = entry.sources.len();
+    let sources_now = sources.len();
+    if let Some((i, was, now)) =
+        entry
+            .sources
+            .iter()
+            .zip(sources)
+            .enumerate()
+            .find_map(|(i, (r, now))| match &r.source {
+                Some(was) if was != now => Some((i, was, now)),
+                _ => None,
+            })
+    {
+        return Err(Error::user(
+            "STREAMING_QUERY_SOURCES_CHANGED",
+            "42K03",
+            format!(
+                "Source {i} of the query is now '{now}', but the checkpoint's batch {batch} \
                      read '{was}' there; its offsets cannot be read by another source. A query \
                      restarted from a checkpoint must read the same sources in the same order; \
                      undo the change, or start the changed query with a new checkpoint location."
-                ),
-            ));
-        }
-        if logged != sources_now {
-            return Err(Error::user(
-                "STREAMING_QUERY_SOURCES_CHANGED",
-                "42K03",
-                format!(
-                    "The checkpoint's batch {batch} read {logged} source(s), but the query now has \
+            ),
+        ));
+    }
+    if logged != sources_now {
+        return Err(Error::user(
+            "STREAMING_QUERY_SOURCES_CHANGED",
+            "42K03",
+            format!(
+                "The checkpoint's batch {batch} read {logged} source(s), but the query now has \
                      {sources_now}. A query restarted from a checkpoint must read the same sources in \
                      the same order; undo the change, or start the changed query with a new \
                      checkpoint location."
-                ),
-            ));
-        }
-        Ok(())
+            ),
+        ));
     }
+    Ok(())
 }
 
 /// A batch that ran, waiting for its state to be durable before `commits/N`.

@@ -36,7 +36,10 @@ pub use progress::{
 };
 pub use query::{QueryStatus, StreamingQuery, StreamingQueryException, StreamingQueryManager};
 pub use script::{ScriptOptions, StatementResult};
-pub use session::{DataFrameStreamExt, DataStreamReader, DataStreamWriter, WeirSession};
+pub use session::{
+    DataFrameStreamExt, DataStreamReader, DataStreamWriter, ReplayReport, ReplayedSource,
+    WeirSession,
+};
 pub use stateful::StateBackend;
 pub use trigger::Trigger;
 pub use validate::ValidationReport;

@@ -42,6 +42,9 @@ pub enum StatementResult {
     /// It was a streaming query whose checkpoint was fitted to it, not started
     /// ([`WeirSession::reset_script`]).
     Reset(Box<crate::checkpoint::reset::ResetReport>),
+    /// It was a streaming query whose batch was run again read-only
+    /// ([`WeirSession::replay_script`]).
+    Replayed(Box<crate::ReplayReport>),
 }
 
 /// Whether a script's streaming queries start or are only checked.
@@ -50,6 +53,7 @@ enum Mode {
     Run,
     Validate,
     Reset,
+    Replay(u64),
 }
 
 const RESERVED: &[&str] = &["checkpointLocation", "trigger", "outputMode", "queryName"];
@@ -98,6 +102,18 @@ impl WeirSession {
         opts: &ScriptOptions,
     ) -> Result<Vec<StatementResult>> {
         self.script(script, opts, Mode::Reset).await
+    }
+
+    /// Runs batch `batch` of the checkpoint of each streaming query of `script` again,
+    /// read-only ([`DataStreamWriter::replay_batch`]), instead of starting it. Declarations and
+    /// DDL run; batch queries and DML are skipped.
+    pub async fn replay_script(
+        &self,
+        script: &str,
+        opts: &ScriptOptions,
+        batch: u64,
+    ) -> Result<Vec<StatementResult>> {
+        self.script(script, opts, Mode::Replay(batch)).await
     }
 
     async fn script(
@@ -279,6 +295,7 @@ impl WeirSession {
             Mode::Run => StatementResult::Query(w.start().await?),
             Mode::Validate => StatementResult::Validated(Box::new(w.validate().await?)),
             Mode::Reset => StatementResult::Reset(Box::new(w.reset_checkpoint().await?)),
+            Mode::Replay(b) => StatementResult::Replayed(Box::new(w.replay_batch(b).await?)),
         })
     }
 }

@@ -26,7 +26,10 @@ use weir_sinks::{
 use weir_sources::{MemoryStream, MemoryStreamProvider, SourceRegistry};
 
 mod checks;
+mod replay;
 mod tools;
+
+pub use replay::{ReplayReport, ReplayedSource};
 
 use checks::{check_restart_sources, check_sink, check_state, check_state_durable, partitions_for};
 
