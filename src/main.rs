@@ -68,6 +68,19 @@ enum CheckpointCommand {
         #[arg(long)]
         json: bool,
     },
+    /// Rewrites every stateful operator's state into N shuffle partitions, offline, so that
+    /// the next run uses N (aggregations and deduplications; local checkpoints). Stop the query
+    /// first.
+    Repartition {
+        /// The checkpoint location (a local path).
+        dir: String,
+        /// The new number of shuffle partitions.
+        #[arg(long)]
+        partitions: usize,
+        /// Print JSON instead of text.
+        #[arg(long)]
+        json: bool,
+    },
     /// Runs batch N of a checkpoint again, read-only, and prints each source's range and the
     /// rows the batch produced: its logged offsets, time and watermark, and the state as it was
     /// before the batch. Neither the sink nor the checkpoint is touched. For debugging.
@@ -359,6 +372,24 @@ async fn run(cli: Cli) -> anyhow::Result<std::process::ExitCode> {
                 }
                 (None, false) => anyhow::bail!("give --query QUERY.sql or --full"),
             };
+            if json {
+                println!("{}", serde_json::to_string_pretty(&report)?);
+            } else {
+                print!("{}", report.table());
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Checkpoint {
+            command:
+                CheckpointCommand::Repartition {
+                    dir,
+                    partitions,
+                    json,
+                },
+        } => {
+            let location =
+                weir::Location::parse_existing_with(&dir, std::iter::empty::<(&str, &str)>())?;
+            let report = weir::checkpoint::repartition::repartition(location, partitions).await?;
             if json {
                 println!("{}", serde_json::to_string_pretty(&report)?);
             } else {

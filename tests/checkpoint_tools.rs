@@ -1068,3 +1068,93 @@ fn replay_runs_a_batch_again_from_the_state_before_it_and_writes_nothing() {
         "{err}"
     );
 }
+
+/// `weir checkpoint repartition`: a `GROUP BY`'s state moves from 2 to 3 partitions offline;
+/// the next runs use 3 and the counts continue; batches before it cannot be replayed.
+#[test]
+fn repartition_rewrites_the_state_into_new_partitions_and_the_counts_continue() {
+    let dir = tempfile::tempdir().unwrap();
+    let ck = dir.path().join("ck").display().to_string();
+    let sql = aggregation_sql(
+        dir.path(),
+        "out",
+        RATE,
+        "value % 7 AS k, count(*) AS n",
+        "GROUP BY value % 7",
+    );
+    let (ok, err) = run_cli(&["run", "--checkpoint", &ck, "--max-batches", "3", "-e", &sql]);
+    assert!(ok, "{err}");
+    let out = weir(&[
+        "checkpoint",
+        "repartition",
+        &ck,
+        "--partitions",
+        "3",
+        "--json",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let r: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(r["kind"], "repartition");
+    assert_eq!(r["nextBatch"], 3);
+    assert_eq!(r["operators"][0]["action"], "repartitioned 2 -> 3");
+    // The entries are spread over 3 partitions and none was lost.
+    let per_partition = query_rows(
+        "",
+        &format!(
+            "SELECT partition_id, count(*) FROM read_state('{ck}', operatorId => 0) GROUP BY \
+             partition_id ORDER BY partition_id"
+        ),
+    );
+    assert_eq!(per_partition.len(), 3, "{per_partition:?}");
+    let total: u32 = per_partition
+        .iter()
+        .map(|r| r.split(',').nth(1).unwrap().parse::<u32>().unwrap())
+        .sum();
+    assert_eq!(total, 7);
+
+    // Batches 3 and 4 run with 3 partitions: the counts of values 0..49.
+    let (ok, err) = run_cli(&["run", "--checkpoint", &ck, "--max-batches", "2", "-e", &sql]);
+    assert!(ok, "{err}");
+    let got = query_rows(
+        &format!(
+            "CREATE EXTERNAL TABLE c STORED AS DELTA LOCATION '{}'",
+            dir.path().join("out").display()
+        ),
+        "SELECT k, n FROM c ORDER BY k",
+    );
+    let expected: Vec<String> = (0..7)
+        .map(|k| format!("{k},{}", (0..50).filter(|v| v % 7 == k).count()))
+        .collect();
+    assert_eq!(got, expected);
+    let inspect = weir(&["checkpoint", "inspect", &ck, "--json"]);
+    let r: serde_json::Value = serde_json::from_slice(&inspect.stdout).unwrap();
+    assert_eq!(r["operators"][0]["numPartitions"], 3);
+    assert_eq!(r["conf"]["weir.sql.shuffle.partitions"], "3");
+
+    // Batch 1 ran before the repartition; batch 4 after it replays.
+    let file = dir.path().join("q.sql");
+    std::fs::write(&file, &sql).unwrap();
+    let (ok, err) = run_cli(&[
+        "checkpoint",
+        "replay",
+        &ck,
+        file.to_str().unwrap(),
+        "--batch",
+        "1",
+    ]);
+    assert!(!ok);
+    assert!(err.contains("CHECKPOINT_BATCH_BEFORE_RESET"), "{err}");
+    let (ok, err) = run_cli(&[
+        "checkpoint",
+        "replay",
+        &ck,
+        file.to_str().unwrap(),
+        "--batch",
+        "4",
+    ]);
+    assert!(ok, "{err}");
+}

@@ -325,6 +325,7 @@ impl CheckpointReport {
                 let kind = match r.record.kind {
                     super::reset::ResetKind::FullRefresh => "full refresh",
                     super::reset::ResetKind::Selective => "selective",
+                    super::reset::ResetKind::Repartition => "repartition",
                 };
                 let ops: Vec<String> = r
                     .record

@@ -19,6 +19,7 @@ pub mod inspect;
 mod lease;
 pub mod log;
 pub mod recovery;
+pub mod repartition;
 pub mod reset;
 pub(crate) mod state_mirror;
 

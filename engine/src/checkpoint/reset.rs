@@ -32,6 +32,8 @@ pub enum ResetKind {
     FullRefresh,
     /// The checkpoint fitted to a changed query, continuing where it was.
     Selective,
+    /// The state rewritten into another number of shuffle partitions.
+    Repartition,
 }
 
 /// What a reset did to one stateful operator.
@@ -95,6 +97,7 @@ impl ResetReport {
         let kind = match r.kind {
             ResetKind::FullRefresh => "full refresh",
             ResetKind::Selective => "selective reset",
+            ResetKind::Repartition => "repartition",
         };
         let _ = writeln!(out, "checkpoint  {}", self.location);
         let _ = writeln!(out, "reset       {kind}, recorded as resets/{}", self.reset);
@@ -250,6 +253,7 @@ impl Checkpoint {
             let how = match r.kind {
                 ResetKind::FullRefresh => "weir checkpoint reset DIR --full",
                 ResetKind::Selective => "weir checkpoint reset DIR --query QUERY.sql",
+                ResetKind::Repartition => "weir checkpoint repartition DIR --partitions N",
             };
             return Err(Error::user(
                 "CHECKPOINT_RESET_INCOMPLETE",

@@ -169,13 +169,17 @@ pub(crate) fn check_sink_change(
 }
 
 /// The partition count is fixed when the checkpoint is created (state is partitioned by it): a
-/// restart reuses the logged value, and a different session value is reported, not applied, as
+/// restart reuses the count of the checkpoint's state (which `weir checkpoint repartition`
+/// changes), else the logged value; a different session value is reported, not applied, as
 /// Spark does with spark.sql.shuffle.partitions.
 pub(crate) fn partitions_for(
     restart: Option<&RestartPoint>,
+    stored: Option<&StateMetadata>,
     state: &datafusion::execution::SessionState,
 ) -> usize {
-    restart
-        .and_then(|r| r.logged_partitions())
+    stored
+        .and_then(|m| m.operators.first())
+        .map(|o| o.num_partitions)
+        .or_else(|| restart.and_then(|r| r.logged_partitions()))
         .unwrap_or_else(|| state.config().target_partitions())
 }

@@ -792,7 +792,8 @@ impl DataStreamWriter {
         }
 
         let mut state = state;
-        let partitions = partitions_for(restart.as_ref(), &state);
+        let stored_state = checkpoint.read_state_metadata().await?;
+        let partitions = partitions_for(restart.as_ref(), stored_state.as_ref(), &state);
         if partitions != state.config().target_partitions() {
             tracing::warn!(
                 "the checkpoint was created with {SHUFFLE_PARTITIONS}={partitions}; using it \
@@ -821,7 +822,6 @@ impl DataStreamWriter {
         );
 
         let shared = Shared::new(checkpoint.id(), self.query_name.clone());
-        let stored_state = checkpoint.read_state_metadata().await?;
         let state_run = if stateful || stored_state.is_some() {
             let backend = match restart.as_ref().and_then(|r| r.logged_conf(STATE_STORE)) {
                 Some(logged) if logged != self.state_backend.name() => {

@@ -129,6 +129,20 @@ impl DataStreamWriter {
         if !offsets.contains(&batch) {
             return Err(not_found(batch, &offsets));
         }
+        if let Some((n, r)) = checkpoint.resets().await?.last()
+            && batch < r.next_batch
+        {
+            return Err(Error::user(
+                "CHECKPOINT_BATCH_BEFORE_RESET",
+                "42K03",
+                format!(
+                    "Batch {batch} ran before the checkpoint's reset resets/{n}, which changed its \
+                     state from batch {} on; the state batch {batch} read is no longer kept. \
+                     Replay batch {} or later.",
+                    r.next_batch, r.next_batch
+                ),
+            ));
+        }
         let entry = checkpoint.read_offsets(batch).await?;
         let committed = checkpoint.commit_ids().await?.contains(&batch);
         let evolution = entry

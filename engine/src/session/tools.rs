@@ -159,9 +159,9 @@ impl DataStreamWriter {
         restart: Option<&RestartPoint>,
     ) -> Result<(Vec<OperatorInfo>, Option<StateMetadata>)> {
         let mut state = self.session.ctx.state();
-        let partitions = partitions_for(restart, &state);
-        state.config_mut().options_mut().execution.target_partitions = partitions;
         let stored = checkpoint.read_state_metadata().await?;
+        let partitions = partitions_for(restart, stored.as_ref(), &state);
+        state.config_mut().options_mut().execution.target_partitions = partitions;
         if !planned.stateful && stored.is_none() {
             return Ok((vec![], None));
         }

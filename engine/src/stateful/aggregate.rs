@@ -49,7 +49,7 @@ use crate::progress::StateOperatorProgress;
 
 const STORE: &str = "default";
 /// The stored key's leading event-time column, when the aggregation has a watermarked key.
-const EVENT_TIME: &str = "__event_time_us";
+const EVENT_TIME: &str = super::EVENT_TIME_KEY;
 
 /// A physical expression as text without column positions (`value@0 % 10` → `value % 10`), so
 /// the fingerprint survives projection changes.

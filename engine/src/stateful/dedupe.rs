@@ -42,7 +42,7 @@ use super::{
 use crate::progress::StateOperatorProgress;
 
 const STORE: &str = "default";
-const EVENT_TIME: &str = "__event_time_us";
+const EVENT_TIME: &str = super::EVENT_TIME_KEY;
 
 /// How the watermark bounds the operator's state.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -1,0 +1,277 @@
+//! `weir checkpoint repartition DIR --partitions N`: rewrites every stateful operator's state
+//! into N shuffle partitions offline, so that the next run uses N (Spark fixes the count when
+//! the checkpoint is created).
+//!
+//! ```text
+//! state/<old>/<p>/<store>  at the last committed batch's version, every partition scanned
+//!   -> each key's shuffle key (the state key without its event-time prefix) hashed into N
+//!   -> state/<new>/<q>/<store> version 1, one commit per new partition
+//! state/_metadata          the operators with N partitions, their state in the new folders from
+//!                          the next batch on (the commit point); the old folders are deleted
+//! ```
+//!
+//! Recorded as a reset (`resets/<n>`, kind `repartition`); stopped half-way, it is refused by
+//! runs until it is run again.
+
+use std::collections::BTreeSet;
+
+use arrow::row::{RowConverter, SortField};
+use weir_common::Location;
+use weir_state::{KeyRange, RocksDbStateStoreProvider, StateStoreProvider, StoreId, WriteBatch};
+
+use super::reset::{
+    OperatorChange, ResetKind, ResetRecord, ResetReport, delete_unused_state, next_reset,
+};
+use super::{Checkpoint, Resume};
+use crate::stateful::{EVENT_TIME_KEY, OperatorInfo, StateLayout, StateMetadata};
+use crate::{Error, Result};
+
+fn unsupported(message: String) -> Error {
+    Error::user("STATE_REPARTITION_UNSUPPORTED", "0A000", message)
+}
+
+fn state_err(e: weir_state::Error) -> Error {
+    Error::User(e.into())
+}
+
+/// Where each state key of `op` goes among `partitions`: the shuffle hashes the operator's key
+/// columns, which are the state key without its event-time prefix.
+fn new_partitions(op: &OperatorInfo, keys: &[&[u8]], partitions: usize) -> Result<Vec<usize>> {
+    let fields: Vec<SortField> = op
+        .key_schema
+        .fields()
+        .iter()
+        .map(|f| SortField::new(f.data_type().clone()))
+        .collect();
+    let skip = usize::from(
+        op.key_schema
+            .fields()
+            .first()
+            .is_some_and(|f| f.name() == EVENT_TIME_KEY),
+    );
+    let arrow = |e: arrow::error::ArrowError| Error::Internal(format!("re-keying state: {e}"));
+    let state = RowConverter::new(fields.clone()).map_err(arrow)?;
+    let parser = state.parser();
+    let columns = state
+        .convert_rows(keys.iter().map(|k| parser.parse(k)))
+        .map_err(arrow)?;
+    let shuffle = RowConverter::new(fields[skip..].to_vec()).map_err(arrow)?;
+    let rows = shuffle.convert_columns(&columns[skip..]).map_err(arrow)?;
+    Ok(rows
+        .iter()
+        .map(|r| weir_state::key_partition(r.as_ref(), partitions))
+        .collect())
+}
+
+/// Rewrites the state of the checkpoint at `location` into `partitions` shuffle partitions.
+pub async fn repartition(location: Location, partitions: usize) -> Result<ResetReport> {
+    if partitions == 0 {
+        return Err(Error::user(
+            "STREAMING_INVALID_OPTION",
+            "42616",
+            "--partitions must be at least 1.",
+        ));
+    }
+    Checkpoint::open_read_only(location.clone()).await?;
+    let mut checkpoint = Checkpoint::open(location, false).await?;
+    let result = run(&checkpoint, partitions).await;
+    checkpoint.release().await;
+    result
+}
+
+async fn run(checkpoint: &Checkpoint, partitions: usize) -> Result<ResetReport> {
+    let Some(state_dir) = checkpoint.state_dir() else {
+        return Err(unsupported(
+            "Repartitioning works on local checkpoints for now; copy the checkpoint to a local \
+             folder, repartition it there and copy it back."
+                .into(),
+        ));
+    };
+    let resets = checkpoint.resets().await?;
+    let (n, unfinished) = next_reset(&resets);
+    if let Some(r) = unfinished
+        && r.kind != ResetKind::Repartition
+    {
+        return Err(Error::user(
+            "CHECKPOINT_RESET_INCOMPLETE",
+            "55000",
+            format!("resets/{n} of the checkpoint did not finish: run that reset again first."),
+        ));
+    }
+    let last = match checkpoint.resume_point().await? {
+        Resume::After { last } => Some(last),
+        Resume::Replay { batch, .. } => batch.checked_sub(1),
+        Resume::Fresh => None,
+    };
+    let stored = checkpoint
+        .read_state_metadata()
+        .await?
+        .map(|m| m.operators)
+        .unwrap_or_default();
+    let Some(last) = last.filter(|_| !stored.is_empty()) else {
+        return Err(unsupported(
+            "The checkpoint holds no committed state to repartition: start the query with the \
+             partition count it should have (weir.sql.shuffle.partitions)."
+                .into(),
+        ));
+    };
+    if let Some(op) = stored.iter().find(|o| {
+        !matches!(
+            o.operator_name.as_str(),
+            "aggregate" | "dedupe" | "dedupeWithinWatermark"
+        )
+    }) {
+        return Err(unsupported(format!(
+            "Repartitioning rewrites the state of aggregations and deduplications; operator {} \
+             is a {}, whose state it cannot re-key yet.",
+            op.operator_id, op.operator_name
+        )));
+    }
+    if unfinished.is_none() && stored.iter().all(|o| o.num_partitions == partitions) {
+        return Err(unsupported(format!(
+            "The checkpoint's state already has {partitions} partitions."
+        )));
+    }
+    let mut record = match unfinished {
+        Some(r) => r.clone(),
+        None => ResetRecord {
+            kind: ResetKind::Repartition,
+            time: crate::progress::format_timestamp(chrono::Utc::now().timestamp_millis()),
+            query_id_before: checkpoint.id(),
+            query_id_after: checkpoint.id(),
+            next_batch: last + 1,
+            operators: vec![],
+            sink: "kept".into(),
+            done: false,
+        },
+    };
+    if unfinished.is_none() {
+        checkpoint.write_reset(n, &record).await?;
+    }
+
+    let scratch =
+        crate::stateful::run_scratch_dir("weir-repartition", checkpoint.id(), uuid::Uuid::new_v4());
+    let rewritten = tokio::task::spawn_blocking({
+        let taken: BTreeSet<u32> = checkpoint.state_folder_ids().await?.into_iter().collect();
+        let stored = stored.clone();
+        let scratch = scratch.clone();
+        move || rewrite(&stored, &taken, state_dir, scratch, last, partitions)
+    })
+    .await
+    .map_err(|e| Error::Internal(format!("the repartition task failed: {e}")));
+    let _ = std::fs::remove_dir_all(&scratch);
+    let (operators, changes) = rewritten??;
+    checkpoint
+        .replace_state_metadata(&StateMetadata {
+            operators: operators.clone(),
+        })
+        .await?;
+    delete_unused_state(checkpoint, &operators).await?;
+    if unfinished.is_none() {
+        record.operators = changes;
+    }
+    record.done = true;
+    checkpoint.write_reset(n, &record).await?;
+    Ok(ResetReport {
+        location: checkpoint.location().display().to_string(),
+        reset: n,
+        record,
+    })
+}
+
+/// Reads each operator's state after batch `last` and writes it into `partitions` partitions in
+/// new folders; returns the operators' new record and what was done.
+fn rewrite(
+    stored: &[OperatorInfo],
+    taken: &BTreeSet<u32>,
+    state_dir: std::path::PathBuf,
+    scratch: std::path::PathBuf,
+    last: u64,
+    partitions: usize,
+) -> Result<(Vec<OperatorInfo>, Vec<OperatorChange>)> {
+    let provider = RocksDbStateStoreProvider::new(state_dir, scratch);
+    let mut taken = taken.clone();
+    taken.extend(stored.iter().map(OperatorInfo::state_id));
+    let (mut operators, mut changes) = (vec![], vec![]);
+    for op in stored {
+        let fresh = (0..).find(|i| !taken.contains(i)).unwrap_or(u32::MAX);
+        taken.insert(fresh);
+        for store in &op.store_names {
+            let mut buckets = vec![WriteBatch::new(); partitions];
+            let mut counts = vec![0i64; partitions];
+            for p in 0..op.num_partitions as u32 {
+                let s = provider
+                    .open(
+                        &StoreId::new(op.state_id(), p, store.as_str()),
+                        op.state_version(last + 1),
+                    )
+                    .map_err(state_err)?;
+                let entries = s.scan(&KeyRange::all()).map_err(state_err)?;
+                let keys: Vec<&[u8]> = entries.iter().map(|(k, _)| k.as_slice()).collect();
+                for ((k, v), q) in entries.iter().zip(new_partitions(op, &keys, partitions)?) {
+                    buckets[q].put(k.clone(), v.clone());
+                    counts[q] += 1;
+                }
+            }
+            for (q, (bucket, count)) in buckets.into_iter().zip(counts).enumerate() {
+                let mut s = provider
+                    .open(&StoreId::new(fresh, q as u32, store.as_str()), 0)
+                    .map_err(state_err)?;
+                s.apply(bucket.with_key_delta(count)).map_err(state_err)?;
+                s.commit().map_err(state_err)?;
+            }
+        }
+        let mut moved = op.clone();
+        moved.num_partitions = partitions;
+        // The next batch (last + 1) reads version 1, the rewritten state.
+        moved.layout = Some(StateLayout {
+            state_id: fresh,
+            base_batch: last,
+        });
+        changes.push(OperatorChange {
+            action: format!("repartitioned {} -> {partitions}", op.num_partitions),
+            operator_id: Some(op.operator_id),
+            operator_name: op.operator_name.clone(),
+            state_id: fresh,
+            first_batch: Some(last + 1),
+        });
+        operators.push(moved);
+    }
+    Ok((operators, changes))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use arrow::array::{ArrayRef, Int64Array, StringArray};
+    use arrow::datatypes::{DataType, Field, Schema};
+
+    use super::*;
+
+    #[test]
+    fn a_key_goes_where_the_shuffle_sends_its_columns_without_the_event_time_prefix() {
+        let mut op = OperatorInfo::placeholder();
+        op.key_schema = Schema::new(vec![
+            Field::new(EVENT_TIME_KEY, DataType::Int64, true),
+            Field::new("k", DataType::Utf8, true),
+        ]);
+        let times: ArrayRef = Arc::new(Int64Array::from(vec![1, 2, 3, 4]));
+        let ks: ArrayRef = Arc::new(StringArray::from(vec!["a", "b", "c", "d"]));
+        let state = RowConverter::new(vec![
+            SortField::new(DataType::Int64),
+            SortField::new(DataType::Utf8),
+        ])
+        .unwrap();
+        let rows = state.convert_columns(&[times, Arc::clone(&ks)]).unwrap();
+        let keys: Vec<&[u8]> = rows.iter().map(|r| r.data()).collect();
+        let shuffle = RowConverter::new(vec![SortField::new(DataType::Utf8)]).unwrap();
+        let expected: Vec<usize> = shuffle
+            .convert_columns(&[ks])
+            .unwrap()
+            .iter()
+            .map(|r| weir_state::key_partition(r.as_ref(), 5))
+            .collect();
+        assert_eq!(new_partitions(&op, &keys, 5).unwrap(), expected);
+    }
+}
