@@ -57,6 +57,15 @@ enum CheckpointCommand {
         /// Selective reset for the changed query in this SQL file.
         #[arg(long, conflicts_with = "full", required_unless_present = "full")]
         query: Option<PathBuf>,
+        /// With --query: start this source (a position or a name) anew, e.g. after its Kafka
+        /// subscription or folder changed; it continues from a position derived from the
+        /// committed offsets where one can be (repeatable).
+        #[arg(long = "source", requires = "query")]
+        sources: Vec<String>,
+        /// With --source: start the sources from their own starting options (startingOffsets,
+        /// ...) instead; a gap or overlap against the committed offsets is reported.
+        #[arg(long, requires = "query")]
+        from_starting_position: bool,
         /// Full refresh.
         #[arg(long)]
         full: bool,
@@ -339,6 +348,8 @@ async fn run(cli: Cli) -> anyhow::Result<std::process::ExitCode> {
                 CheckpointCommand::Reset {
                     dir,
                     query,
+                    sources,
+                    from_starting_position,
                     full,
                     keep_sink_data,
                     json,
@@ -355,7 +366,7 @@ async fn run(cli: Cli) -> anyhow::Result<std::process::ExitCode> {
                         ..ScriptOptions::default()
                     };
                     let found = session
-                        .reset_script(&sql, &opts)
+                        .reset_script(&sql, &opts, &sources, from_starting_position)
                         .await?
                         .into_iter()
                         .find_map(|r| match r {

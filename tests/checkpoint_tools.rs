@@ -1158,3 +1158,105 @@ fn repartition_rewrites_the_state_into_new_partitions_and_the_counts_continue() 
     ]);
     assert!(ok, "{err}");
 }
+
+/// A file source moved to another folder: the restart is refused; a reset of that source starts
+/// it from its starting position (nothing can be derived from the old folder's log), and the
+/// query continues into the same table, every file read once.
+#[test]
+fn a_source_reset_starts_a_moved_file_source_in_its_new_folder() {
+    let dir = tempfile::tempdir().unwrap();
+    let ck = dir.path().join("ck").display().to_string();
+    let out = dir.path().join("out").display().to_string();
+    let (d1, d2) = (dir.path().join("in1"), dir.path().join("in2"));
+    std::fs::create_dir_all(&d1).unwrap();
+    std::fs::create_dir_all(&d2).unwrap();
+    for (d, name, v) in [(&d1, "f1", 1), (&d1, "f2", 2), (&d2, "g1", 101)] {
+        std::fs::write(
+            d.join(format!("{name}.json")),
+            format!("{{\"value\": {v}}}\n"),
+        )
+        .unwrap();
+    }
+    let query = |d: &std::path::Path| {
+        format!(
+            "CREATE STREAMING TABLE t USING parquet LOCATION '{out}' AS SELECT value FROM STREAM \
+             read_files('{}', format => 'json', schema => 'value BIGINT')",
+            d.display()
+        )
+    };
+    let (ok, err) = run_cli(&[
+        "run",
+        "--checkpoint",
+        &ck,
+        "--max-batches",
+        "1",
+        "-e",
+        &query(&d1),
+    ]);
+    assert!(ok, "{err}");
+    let moved = query(&d2);
+    let (ok, err) = run_cli(&[
+        "run",
+        "--checkpoint",
+        &ck,
+        "--max-batches",
+        "1",
+        "-e",
+        &moved,
+    ]);
+    assert!(!ok);
+    assert!(err.contains("STREAMING_QUERY_SOURCES_CHANGED"), "{err}");
+
+    let file = dir.path().join("moved.sql");
+    std::fs::write(&file, &moved).unwrap();
+    let reset = weir(&[
+        "checkpoint",
+        "reset",
+        &ck,
+        "--query",
+        file.to_str().unwrap(),
+        "--source",
+        "0",
+        "--json",
+    ]);
+    assert!(
+        reset.status.success(),
+        "{}",
+        String::from_utf8_lossy(&reset.stderr)
+    );
+    let r: serde_json::Value = serde_json::from_slice(&reset.stdout).unwrap();
+    let s = &r["sources"][0];
+    assert_eq!(s["how"], "startingPosition");
+    assert!(s["previous"].as_str().unwrap().ends_with("in1"), "{s}");
+    assert!(s["source"].as_str().unwrap().ends_with("in2"), "{s}");
+    let (ok, report) = validate(dir.path(), &ck, &moved);
+    assert!(ok, "the reset source is accepted: {report:#}");
+
+    let (ok, err) = run_cli(&[
+        "run",
+        "--checkpoint",
+        &ck,
+        "--max-batches",
+        "1",
+        "-e",
+        &moved,
+    ]);
+    assert!(ok, "{err}");
+    let got = query_rows(
+        &format!("CREATE EXTERNAL TABLE o STORED AS PARQUET LOCATION '{out}'"),
+        "SELECT value FROM o ORDER BY value",
+    );
+    assert_eq!(got, ["1", "2", "101"]);
+    // The next restart checks against the new folder, as usual.
+    let (ok, err) = run_cli(&[
+        "run",
+        "--checkpoint",
+        &ck,
+        "--max-batches",
+        "1",
+        "-e",
+        &query(&d1),
+    ]);
+    assert!(!ok);
+    assert!(err.contains("STREAMING_QUERY_SOURCES_CHANGED"), "{err}");
+}

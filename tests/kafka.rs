@@ -713,3 +713,140 @@ async fn min_offsets_per_trigger_holds_a_batch_back_until_enough_records_or_the_
     assert_eq!(rows(&session, "SELECT count(*) FROM late").await, vec!["6"]);
     q.stop().await;
 }
+
+/// A Kafka source's subscription changed (`a` to `a,b`): the restart is refused; a reset of the
+/// source derives its start from the committed offsets, so `a` continues where it was and `b`
+/// starts from its earliest: every record once. Starting from the source's own options
+/// (`latest`) instead is reported as a gap.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_source_reset_continues_a_changed_subscription_from_the_committed_offsets() {
+    let Some(broker) = Broker::start() else {
+        return;
+    };
+    broker.create_topic("a", 1).await;
+    broker.create_topic("b", 1).await;
+    broker.send("a", 0, &["a1", "a2"]).await;
+    broker.send("b", 0, &["b1"]).await;
+    let dir = tempfile::tempdir().unwrap();
+    let ck = dir.path().join("ck").display().to_string();
+    let out = dir.path().join("out").display().to_string();
+    let query = |topics: &str| {
+        format!(
+            "CREATE STREAMING TABLE t USING parquet LOCATION '{out}' AS SELECT CAST(value AS \
+             STRING) AS v FROM STREAM kafka(\"kafka.bootstrap.servers\" => '{}', subscribe => \
+             '{topics}', startingOffsets => 'latest')",
+            broker.servers
+        )
+    };
+    let weir = |args: &[&str]| {
+        let o = std::process::Command::new(env!("CARGO_BIN_EXE_weir"))
+            .args(args)
+            .output()
+            .unwrap();
+        (
+            o.status.success(),
+            String::from_utf8_lossy(&o.stdout).into_owned(),
+            String::from_utf8_lossy(&o.stderr).into_owned(),
+        )
+    };
+    // Batch 0 starts at the latest offsets (nothing to read); a3 then arrives and batch 1 reads it.
+    let first = query("a");
+    let (ok, _, err) = weir(&[
+        "run",
+        "--checkpoint",
+        &ck,
+        "--trigger",
+        "availableNow",
+        "-e",
+        &first,
+    ]);
+    assert!(ok, "{err}");
+    broker.send("a", 0, &["a3"]).await;
+    let (ok, _, err) = weir(&[
+        "run",
+        "--checkpoint",
+        &ck,
+        "--trigger",
+        "availableNow",
+        "-e",
+        &first,
+    ]);
+    assert!(ok, "{err}");
+
+    let both = query("a,b");
+    let (ok, _, err) = weir(&[
+        "run",
+        "--checkpoint",
+        &ck,
+        "--max-batches",
+        "1",
+        "-e",
+        &both,
+    ]);
+    assert!(!ok);
+    assert!(err.contains("STREAMING_QUERY_SOURCES_CHANGED"), "{err}");
+    let file = dir.path().join("both.sql");
+    std::fs::write(&file, &both).unwrap();
+    let ck_copy = dir.path().join("ck-copy");
+    let copy = std::process::Command::new("cp")
+        .args(["-r", &ck, ck_copy.to_str().unwrap()])
+        .status()
+        .unwrap();
+    assert!(copy.success());
+
+    // From the source's own options (latest) instead: b's earliest record would be skipped.
+    let (ok, text, err) = weir(&[
+        "checkpoint",
+        "reset",
+        ck_copy.to_str().unwrap(),
+        "--query",
+        file.to_str().unwrap(),
+        "--source",
+        "0",
+        "--from-starting-position",
+    ]);
+    assert!(ok, "{err}");
+    assert!(text.contains("WARNING"), "{text}");
+    assert!(
+        text.contains("leaves a gap") || text.contains("b-0"),
+        "{text}"
+    );
+
+    let (ok, text, err) = weir(&[
+        "checkpoint",
+        "reset",
+        &ck,
+        "--query",
+        file.to_str().unwrap(),
+        "--source",
+        "0",
+    ]);
+    assert!(ok, "{err}");
+    assert!(
+        text.contains("derived from the committed offsets"),
+        "{text}"
+    );
+    broker.send("a", 0, &["a4"]).await;
+    let (ok, _, err) = weir(&[
+        "run",
+        "--checkpoint",
+        &ck,
+        "--trigger",
+        "availableNow",
+        "-e",
+        &both,
+    ]);
+    assert!(ok, "{err}");
+    let session = WeirSession::new();
+    session
+        .sql(&format!(
+            "CREATE EXTERNAL TABLE o STORED AS PARQUET LOCATION '{out}'"
+        ))
+        .await
+        .unwrap();
+    // a1 and a2 came before the query first started (latest); a3, then a4 and all of b.
+    assert_eq!(
+        rows(&session, "SELECT v FROM o ORDER BY v").await,
+        ["a3", "a4", "b1"]
+    );
+}

@@ -148,6 +148,45 @@ impl RestartPoint {
         Ok(Some(point))
     }
 
+    /// The point with the sources a selective reset started anew (`resets`, the checkpoint's
+    /// reset records) in place, while no batch has run since that reset.
+    pub(crate) fn with_source_resets(
+        self,
+        resets: &[(u64, crate::checkpoint::reset::ResetRecord)],
+    ) -> Self {
+        let Some((_, r)) = resets
+            .last()
+            .filter(|(_, r)| r.done && !r.sources.is_empty())
+        else {
+            return self;
+        };
+        match self {
+            Self::After {
+                last,
+                mut entry,
+                commit,
+            } if last + 1 == r.next_batch => {
+                for s in &r.sources {
+                    if let Some(range) = entry.sources.get_mut(s.position) {
+                        let start = Offset(s.start.clone());
+                        *range = crate::checkpoint::SourceRange {
+                            start: start.clone(),
+                            end: start,
+                            source: Some(s.source.clone()),
+                            name: s.name.clone(),
+                        };
+                    }
+                }
+                Self::After {
+                    last,
+                    entry,
+                    commit,
+                }
+            }
+            other => other,
+        }
+    }
+
     /// The same point with `f` applied to every offsets entry.
     pub(crate) fn aligned(self, f: impl Fn(&OffsetEntry) -> OffsetEntry) -> Self {
         match self {

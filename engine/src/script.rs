@@ -48,11 +48,13 @@ pub enum StatementResult {
 }
 
 /// Whether a script's streaming queries start or are only checked.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 enum Mode {
     Run,
     Validate,
-    Reset,
+    /// A selective reset; these sources (positions or names) start anew, from their starting
+    /// position if the flag says so.
+    Reset(Vec<String>, bool),
     Replay(u64),
 }
 
@@ -94,14 +96,18 @@ impl WeirSession {
     }
 
     /// Fits the checkpoint of each streaming query of `script` to it
-    /// ([`DataStreamWriter::reset_checkpoint`], a selective reset) instead of starting it.
-    /// Declarations and DDL run; batch queries and DML are skipped.
+    /// ([`DataStreamWriter::reset_checkpoint_sources`], a selective reset) instead of starting
+    /// it, starting the sources `sources` anew. Declarations and DDL run; batch queries and DML
+    /// are skipped.
     pub async fn reset_script(
         &self,
         script: &str,
         opts: &ScriptOptions,
+        sources: &[String],
+        from_starting_position: bool,
     ) -> Result<Vec<StatementResult>> {
-        self.script(script, opts, Mode::Reset).await
+        let mode = Mode::Reset(sources.to_vec(), from_starting_position);
+        self.script(script, opts, mode).await
     }
 
     /// Runs batch `batch` of the checkpoint of each streaming query of `script` again,
@@ -138,7 +144,7 @@ impl WeirSession {
                             plan,
                             opts,
                             &mut started_with_shared_checkpoint,
-                            mode,
+                            mode.clone(),
                         )
                         .await?
                     }
@@ -158,7 +164,7 @@ impl WeirSession {
                                 plan,
                                 opts,
                                 &mut started_with_shared_checkpoint,
-                                mode,
+                                mode.clone(),
                             )
                             .await?
                         }
@@ -187,7 +193,7 @@ impl WeirSession {
                             plan,
                             opts,
                             &mut started_with_shared_checkpoint,
-                            mode,
+                            mode.clone(),
                         )
                         .await?
                     } else if mode != Mode::Run && !matches!(plan, LogicalPlan::Ddl(_)) {
@@ -294,7 +300,9 @@ impl WeirSession {
         Ok(match mode {
             Mode::Run => StatementResult::Query(w.start().await?),
             Mode::Validate => StatementResult::Validated(Box::new(w.validate().await?)),
-            Mode::Reset => StatementResult::Reset(Box::new(w.reset_checkpoint().await?)),
+            Mode::Reset(sources, from_start) => StatementResult::Reset(Box::new(
+                w.reset_checkpoint_sources(&sources, from_start).await?,
+            )),
             Mode::Replay(b) => StatementResult::Replayed(Box::new(w.replay_batch(b).await?)),
         })
     }

@@ -60,6 +60,21 @@ pub trait SourceProvider: Debug + Send + Sync {
     /// private to this source (its position in the query), for state such as the rate source's
     /// start time.
     async fn open(&self, ctx: SourceContext) -> Result<Box<dyn MicroBatchStream>>;
+
+    /// Where this source continues when it replaces the source `previous` (an identity) whose
+    /// last committed batch ended at `previous_end` (a selective reset of the source), so that
+    /// nothing is lost or read twice; `None` when no position can be derived (another kind of
+    /// source, another folder), and the source starts from its starting position.
+    fn derive_start(&self, previous: &str, previous_end: &Offset) -> Option<Offset> {
+        (previous == self.identity()).then(|| previous_end.clone())
+    }
+
+    /// How starting at `chosen` instead of `derived` (see [`SourceProvider::derive_start`])
+    /// leaves rows unread or reads them twice, in words; `None` when it does neither, or when
+    /// the source cannot tell.
+    fn start_difference(&self, _derived: &Offset, _chosen: &Offset) -> Option<String> {
+        None
+    }
 }
 
 /// What a source gets from the engine when it is opened.

@@ -141,6 +141,7 @@ async fn run(checkpoint: &Checkpoint, partitions: usize) -> Result<ResetReport> 
             query_id_after: checkpoint.id(),
             next_batch: last + 1,
             operators: vec![],
+            sources: vec![],
             sink: "kept".into(),
             done: false,
         },

@@ -53,6 +53,29 @@ pub struct OperatorChange {
     pub first_batch: Option<u64>,
 }
 
+/// A source a selective reset started anew.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SourceReset {
+    /// Its position in the offsets log's entries.
+    pub position: usize,
+    /// Its name, if named.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    /// The source it replaces.
+    pub previous: Option<String>,
+    /// The source now.
+    pub source: String,
+    /// Where it starts (its offset before the next batch).
+    pub start: serde_json::Value,
+    /// `derived` (from the committed offsets of the source it replaces) or `startingPosition`
+    /// (its own starting options).
+    pub how: String,
+    /// A gap or overlap against the committed offsets, when the start leaves one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub warning: Option<String>,
+}
+
 /// The record of one reset, `resets/<n>` in the checkpoint.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -69,6 +92,9 @@ pub struct ResetRecord {
     pub next_batch: u64,
     /// What happened to each stateful operator's state.
     pub operators: Vec<OperatorChange>,
+    /// The sources a selective reset started anew, and where.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub sources: Vec<SourceReset>,
     /// What happened to the sink's output.
     pub sink: String,
     /// Whether every step is done.
@@ -112,6 +138,27 @@ impl ResetReport {
         }
         let _ = writeln!(out, "next batch  {}", r.next_batch);
         let _ = writeln!(out, "sink        {}", r.sink);
+        for s in &r.sources {
+            let _ = writeln!(
+                out,
+                "source      [{}] {}{} starts at {} ({}{})",
+                s.position,
+                s.name.as_ref().map_or(String::new(), |n| format!("'{n}' ")),
+                s.source,
+                s.start,
+                if s.how == "derived" {
+                    "derived from the committed offsets"
+                } else {
+                    "its starting position"
+                },
+                s.previous
+                    .as_ref()
+                    .map_or(String::new(), |p| format!(", was {p}"))
+            );
+            if let Some(w) = &s.warning {
+                let _ = writeln!(out, "  WARNING   this start {w}");
+            }
+        }
         if !r.operators.is_empty() {
             let _ = writeln!(out, "state");
         }
@@ -354,6 +401,7 @@ where
                 first_batch: None,
             })
             .collect(),
+        sources: vec![],
         sink: String::new(),
         done: false,
     };

@@ -770,7 +770,10 @@ impl DataStreamWriter {
         };
         let checkpoint = Checkpoint::open(location, temporary).await?;
         checkpoint.check_resets_done().await?;
-        let restart = RestartPoint::read(&checkpoint).await?;
+        let resets = checkpoint.resets().await?;
+        let restart = RestartPoint::read(&checkpoint)
+            .await?
+            .map(|r| r.with_source_resets(&resets));
         let removed_sources = match check_restart_sources(
             &checkpoint,
             restart.as_ref(),

@@ -34,7 +34,10 @@ impl DataStreamWriter {
         };
         let location = Location::parse_existing_with(&dir, std::iter::empty::<(&str, &str)>())?;
         let checkpoint = Checkpoint::open_read_only(location).await?;
-        let restart = RestartPoint::read(&checkpoint).await?;
+        let resets = checkpoint.resets().await?;
+        let restart = RestartPoint::read(&checkpoint)
+            .await?
+            .map(|r| r.with_source_resets(&resets));
         let mut problems = vec![];
         if let Err(e) = check_restart_sources(
             &checkpoint,
@@ -185,7 +188,23 @@ impl DataStreamWriter {
     /// committed offsets, so the sink's output continues with no row lost or doubled. The
     /// sources and the sink must be the ones the checkpoint has. The reset is recorded in
     /// `resets/<n>`; the query is not started.
-    pub async fn reset_checkpoint(mut self) -> Result<crate::checkpoint::reset::ResetReport> {
+    pub async fn reset_checkpoint(self) -> Result<crate::checkpoint::reset::ResetReport> {
+        self.reset_checkpoint_sources(&[], false).await
+    }
+
+    /// [`DataStreamWriter::reset_checkpoint`], also starting the sources `sources` (positions
+    /// or names) anew, so that a changed source (another Kafka subscription, another folder)
+    /// is accepted. Each continues from a position derived from the committed offsets of the
+    /// source it replaces (for Kafka, the partitions both read continue and new ones start
+    /// from their earliest), or, with `from_starting_position` or when none can be derived,
+    /// from its own starting options; a start that leaves a gap or an overlap against the
+    /// committed offsets is reported as a warning in the record. The last batch must be
+    /// committed.
+    pub async fn reset_checkpoint_sources(
+        mut self,
+        sources: &[String],
+        from_starting_position: bool,
+    ) -> Result<crate::checkpoint::reset::ResetReport> {
         use crate::checkpoint::reset::{
             ResetKind, ResetRecord, ResetReport, delete_unused_state, next_reset, plan_state,
         };
@@ -215,7 +234,18 @@ impl DataStreamWriter {
                     ),
                 ));
             }
-            let restart = RestartPoint::read(&checkpoint).await?;
+            let restart = RestartPoint::read(&checkpoint)
+                .await?
+                .map(|r| r.with_source_resets(&resets));
+            let (restart, source_resets) = self
+                .reset_sources(
+                    &planned,
+                    &checkpoint,
+                    restart,
+                    sources,
+                    from_starting_position,
+                )
+                .await?;
             check_restart_sources(
                 &checkpoint,
                 restart.as_ref(),
@@ -241,6 +271,7 @@ impl DataStreamWriter {
                     query_id_after: checkpoint.id(),
                     next_batch: next,
                     operators: plan.changes.clone(),
+                    sources: source_resets.clone(),
                     sink: match &sink {
                         Some(s) => format!(
                             "{} output kept and continued",
@@ -253,6 +284,14 @@ impl DataStreamWriter {
             };
             if unfinished.is_none() {
                 checkpoint.write_reset(n, &record).await?;
+            }
+            // A source started anew keeps nothing of the one it replaces.
+            for s in &record.sources {
+                let rel = match (&s.name, self.source_evolution) {
+                    (Some(name), true) => format!("sources/{name}"),
+                    _ => format!("sources/{}", s.position),
+                };
+                checkpoint.delete_folder(&rel).await?;
             }
             checkpoint
                 .replace_state_metadata(&StateMetadata {
@@ -271,6 +310,160 @@ impl DataStreamWriter {
         .await;
         checkpoint.release().await;
         result
+    }
+}
+
+impl DataStreamWriter {
+    /// The restart point with the sources `keys` (positions or names) started anew, and the
+    /// record of each.
+    async fn reset_sources(
+        &self,
+        planned: &Planned,
+        checkpoint: &Checkpoint,
+        restart: Option<RestartPoint>,
+        keys: &[String],
+        from_starting_position: bool,
+    ) -> Result<(
+        Option<RestartPoint>,
+        Vec<crate::checkpoint::reset::SourceReset>,
+    )> {
+        if keys.is_empty() {
+            return Ok((restart, vec![]));
+        }
+        let (last, mut entry, commit) = match restart {
+            Some(RestartPoint::After {
+                last,
+                entry,
+                commit,
+            }) => (last, entry, commit),
+            Some(RestartPoint::Replay { batch, .. }) => {
+                return Err(Error::user(
+                    "CHECKPOINT_RESET_PENDING_BATCH",
+                    "55000",
+                    format!(
+                        "Batch {batch} is logged but not committed, and a source reset needs the \
+                         last batch committed (the sink may hold part of it). Run the query as \
+                         it was once (e.g. --max-batches 1) to commit it, then reset."
+                    ),
+                ));
+            }
+            None => {
+                return Err(Error::user(
+                    "CHECKPOINT_RESET_NOTHING",
+                    "55000",
+                    "No batch has run on this checkpoint: its sources start from their \
+                     starting positions anyway, so there is no source to reset.",
+                ));
+            }
+        };
+        let mut records = vec![];
+        for key in keys {
+            let i = planned
+                .sources
+                .iter()
+                .position(|s| s.name.as_deref() == Some(key.as_str()))
+                .or_else(|| {
+                    key.parse::<usize>()
+                        .ok()
+                        .filter(|&i| i < planned.sources.len())
+                })
+                .ok_or_else(|| {
+                    Error::user(
+                        "STREAMING_INVALID_OPTION",
+                        "42616",
+                        format!(
+                            "The query has no source '{key}': give a position (0..{}) or a \
+                             source name.",
+                            planned.sources.len()
+                        ),
+                    )
+                })?;
+            let q = &planned.sources[i];
+            let logged = if self.source_evolution {
+                entry
+                    .sources
+                    .iter()
+                    .position(|r| r.name.is_some() && r.name == q.name)
+            } else {
+                (i < entry.sources.len()).then_some(i)
+            }
+            .ok_or_else(|| {
+                Error::user(
+                    "CHECKPOINT_RESET_NOTHING",
+                    "55000",
+                    format!(
+                        "Source '{key}' is not in the checkpoint's last batch: it is new, and \
+                         starts from its starting position without a reset (with source \
+                         evolution), or the sources changed in number (a new checkpoint)."
+                    ),
+                )
+            })?;
+            let previous = entry.sources[logged].clone();
+            let provider = planned.tables[i].source();
+            let derived = previous
+                .source
+                .as_deref()
+                .and_then(|p| provider.derive_start(p, &previous.end));
+            let initial = if from_starting_position || derived.is_none() {
+                // The source's own start, from a scratch folder (the checkpoint is untouched).
+                let scratch = crate::stateful::run_scratch_dir(
+                    "weir-reset-source",
+                    checkpoint.id(),
+                    uuid::Uuid::new_v4(),
+                );
+                std::fs::create_dir_all(&scratch)
+                    .map_err(|e| Error::Internal(format!("cannot make a scratch folder: {e}")))?;
+                let opened = async {
+                    let metadata = Location::local(&scratch)?;
+                    let stream = provider
+                        .open(weir_sources::SourceContext { metadata })
+                        .await?;
+                    Ok::<_, Error>(stream.initial_offset())
+                }
+                .await;
+                let _ = std::fs::remove_dir_all(&scratch);
+                Some(opened?)
+            } else {
+                None
+            };
+            let (start, how, warning) = match (derived, initial) {
+                (Some(d), Some(c)) => {
+                    let w = provider.start_difference(&d, &c);
+                    (c, "startingPosition", w)
+                }
+                (Some(d), None) => (d, "derived", None),
+                (None, Some(c)) => (c, "startingPosition", None),
+                (None, None) => {
+                    return Err(Error::Internal("a source reset found no start".into()));
+                }
+            };
+            if let Some(w) = &warning {
+                tracing::warn!("the reset source '{key}' starts where it {w}");
+            }
+            entry.sources[logged] = crate::checkpoint::SourceRange {
+                start: start.clone(),
+                end: start.clone(),
+                source: Some(q.identity.clone()),
+                name: q.name.clone(),
+            };
+            records.push(crate::checkpoint::reset::SourceReset {
+                position: logged,
+                name: q.name.clone(),
+                previous: previous.source.clone(),
+                source: q.identity.clone(),
+                start: start.0,
+                how: how.into(),
+                warning,
+            });
+        }
+        Ok((
+            Some(RestartPoint::After {
+                last,
+                entry,
+                commit,
+            }),
+            records,
+        ))
     }
 }
 

@@ -50,6 +50,15 @@ pub enum Strategy {
 }
 
 impl Strategy {
+    /// Whether the strategy reads partition `p` of `topic`.
+    fn covers(&self, topic: &str, p: i32) -> bool {
+        match self {
+            Self::Subscribe(t) => t.iter().any(|t| t == topic),
+            Self::Pattern(r) => r.is_match(topic),
+            Self::Assign(a) => a.get(topic).is_some_and(|ps| ps.contains(&p)),
+        }
+    }
+
     fn describe(&self) -> String {
         match self {
             Self::Subscribe(t) => format!("Subscribe[{}]", t.join(",")),
@@ -343,6 +352,52 @@ impl SourceProvider for KafkaSourceProvider {
 
     fn schema(&self) -> SchemaRef {
         Arc::clone(&self.schema)
+    }
+
+    /// Another subscription: the partitions both read continue from their committed offsets,
+    /// partitions only the new one reads start from their earliest, as new partitions do.
+    fn derive_start(&self, previous: &str, previous_end: &Offset) -> Option<Offset> {
+        if !previous.starts_with("kafka:") {
+            return None;
+        }
+        let mut kept = offsets_of(previous_end).ok()?;
+        for (topic, parts) in kept.iter_mut() {
+            parts.retain(|p, _| self.options.strategy.covers(topic, *p));
+        }
+        kept.retain(|_, parts| !parts.is_empty());
+        Some(to_offset(&kept))
+    }
+
+    fn start_difference(&self, derived: &Offset, chosen: &Offset) -> Option<String> {
+        let (derived, chosen) = (offsets_of(derived).ok()?, offsets_of(chosen).ok()?);
+        let mut skipped = vec![];
+        let mut again = vec![];
+        for (topic, parts) in &derived {
+            for (p, &d) in parts {
+                match get(&chosen, topic, *p) {
+                    Some(c) if c > d => skipped.push(format!("{topic}-{p}: offsets {d}..{c}")),
+                    Some(c) if c < d => again.push(format!("{topic}-{p}: offsets {c}..{d}")),
+                    Some(_) => {}
+                    None => again.push(format!("{topic}-{p}: from its earliest to {d}")),
+                }
+            }
+        }
+        // A partition only `chosen` has starts at its earliest when derived.
+        for (topic, parts) in &chosen {
+            for (p, &c) in parts {
+                if get(&derived, topic, *p).is_none() && c > 0 {
+                    skipped.push(format!("{topic}-{p}: offsets before {c}"));
+                }
+            }
+        }
+        let mut out = vec![];
+        if !skipped.is_empty() {
+            out.push(format!("leaves a gap: never reads {}", skipped.join(", ")));
+        }
+        if !again.is_empty() {
+            out.push(format!("overlaps: reads again {}", again.join(", ")));
+        }
+        (!out.is_empty()).then(|| out.join("; "))
     }
 
     async fn open(&self, ctx: SourceContext) -> Result<Box<dyn MicroBatchStream>> {
