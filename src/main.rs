@@ -229,6 +229,17 @@ fn main() -> std::process::ExitCode {
     }
 }
 
+/// The SQL file of a checkpoint tool, and the options that point its query at checkpoint `dir`.
+fn tool_script(file: &std::path::Path, dir: String) -> anyhow::Result<(String, ScriptOptions)> {
+    let sql = std::fs::read_to_string(file)
+        .with_context(|| format!("cannot read the SQL file {}", file.display()))?;
+    let opts = ScriptOptions {
+        checkpoint: Some(dir),
+        ..ScriptOptions::default()
+    };
+    Ok((sql, opts))
+}
+
 async fn run(cli: Cli) -> anyhow::Result<std::process::ExitCode> {
     use std::process::ExitCode;
     match cli.command {
@@ -315,12 +326,7 @@ async fn run(cli: Cli) -> anyhow::Result<std::process::ExitCode> {
         Command::Checkpoint {
             command: CheckpointCommand::Validate { dir, file, json },
         } => {
-            let sql = std::fs::read_to_string(&file)
-                .with_context(|| format!("cannot read the SQL file {}", file.display()))?;
-            let opts = ScriptOptions {
-                checkpoint: Some(dir),
-                ..ScriptOptions::default()
-            };
+            let (sql, opts) = tool_script(&file, dir)?;
             let results = WeirSession::new().validate_script(&sql, &opts).await?;
             let Some(report) = results.into_iter().find_map(|r| match r {
                 StatementResult::Validated(r) => Some(r),
@@ -359,12 +365,7 @@ async fn run(cli: Cli) -> anyhow::Result<std::process::ExitCode> {
             let report = match (query, full) {
                 (_, true) => session.refresh_checkpoint(&dir, keep_sink_data).await?,
                 (Some(file), false) => {
-                    let sql = std::fs::read_to_string(&file)
-                        .with_context(|| format!("cannot read the SQL file {}", file.display()))?;
-                    let opts = ScriptOptions {
-                        checkpoint: Some(dir),
-                        ..ScriptOptions::default()
-                    };
+                    let (sql, opts) = tool_script(&file, dir)?;
                     let found = session
                         .reset_script(&sql, &opts, &sources, from_starting_position)
                         .await?
@@ -411,12 +412,7 @@ async fn run(cli: Cli) -> anyhow::Result<std::process::ExitCode> {
         Command::Checkpoint {
             command: CheckpointCommand::Replay { dir, file, batch },
         } => {
-            let sql = std::fs::read_to_string(&file)
-                .with_context(|| format!("cannot read the SQL file {}", file.display()))?;
-            let opts = ScriptOptions {
-                checkpoint: Some(dir),
-                ..ScriptOptions::default()
-            };
+            let (sql, opts) = tool_script(&file, dir)?;
             let report = WeirSession::new()
                 .replay_script(&sql, &opts, batch)
                 .await?

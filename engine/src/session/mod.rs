@@ -495,18 +495,8 @@ impl DataStreamWriter {
         if key.eq_ignore_ascii_case("checkpointLocation") {
             self.checkpoint = Some(value);
         } else if key.eq_ignore_ascii_case("asyncStateCheckpoint") {
-            match value.to_ascii_lowercase().as_str() {
-                "true" => self.async_state_checkpoint = true,
-                "false" => self.async_state_checkpoint = false,
-                _ => {
-                    self.invalid = Some(Error::user(
-                        "STREAMING_INVALID_OPTION",
-                        "42616",
-                        format!(
-                            "Option 'asyncStateCheckpoint' must be true or false, not '{value}'."
-                        ),
-                    ))
-                }
+            if let Some(b) = self.flag(key, &value) {
+                self.async_state_checkpoint = b;
             }
         } else if key.eq_ignore_ascii_case("multipleWatermarkPolicy") {
             match value.to_ascii_lowercase().as_str() {
