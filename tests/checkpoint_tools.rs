@@ -1260,3 +1260,50 @@ fn a_source_reset_starts_a_moved_file_source_in_its_new_folder() {
     assert!(!ok);
     assert!(err.contains("STREAMING_QUERY_SOURCES_CHANGED"), "{err}");
 }
+
+/// A global aggregate keeps one entry under an empty key: `read_state` shows it and a
+/// repartition moves it where the shuffle sends the empty key.
+#[test]
+fn a_global_aggregates_state_is_read_and_repartitioned() {
+    let dir = tempfile::tempdir().unwrap();
+    let ck = dir.path().join("ck").display().to_string();
+    let sql = aggregation_sql(dir.path(), "out", RATE, "count(*) AS n", "");
+    let (ok, err) = run_cli(&["run", "--checkpoint", &ck, "--max-batches", "3", "-e", &sql]);
+    assert!(ok, "{err}");
+    let entries = query_rows(
+        "",
+        &format!("SELECT value FROM read_state('{ck}', operatorId => 0)"),
+    );
+    assert_eq!(entries, ["{count(Int64(1))[count]: 30}"]);
+    let (ok, err) = run_cli(&["checkpoint", "repartition", &ck, "--partitions", "3"]);
+    assert!(ok, "{err}");
+    let (ok, err) = run_cli(&["run", "--checkpoint", &ck, "--max-batches", "2", "-e", &sql]);
+    assert!(ok, "{err}");
+    let got = query_rows(
+        &format!(
+            "CREATE EXTERNAL TABLE c STORED AS DELTA LOCATION '{}'",
+            dir.path().join("out").display()
+        ),
+        "SELECT n FROM c",
+    );
+    assert_eq!(got, ["50"], "the count continues after the repartition");
+}
+
+/// A full refresh never touches another engine's checkpoint.
+#[test]
+fn a_full_refresh_refuses_a_spark_checkpoint_and_leaves_it_alone() {
+    let dir = tempfile::tempdir().unwrap();
+    let ck = dir.path().join("ck");
+    std::fs::create_dir_all(ck.join("offsets")).unwrap();
+    std::fs::write(
+        ck.join("metadata"),
+        "{\"id\":\"3c3a6f0e-2f7e-4f86-9b6d-0d6b1a2d9e11\"}",
+    )
+    .unwrap();
+    std::fs::write(ck.join("offsets/0"), "v1\n{}\n{\"logOffset\":0}").unwrap();
+    let before = files(&ck);
+    let (ok, err) = run_cli(&["checkpoint", "reset", ck.to_str().unwrap(), "--full"]);
+    assert!(!ok);
+    assert!(err.contains("CHECKPOINT_LOCATION_NOT_WEIR"), "{err}");
+    assert_eq!(files(&ck), before);
+}

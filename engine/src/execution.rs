@@ -154,19 +154,18 @@ impl RestartPoint {
         self,
         resets: &[(u64, crate::checkpoint::reset::ResetRecord)],
     ) -> Self {
-        let Some((_, r)) = resets
-            .last()
-            .filter(|(_, r)| r.done && !r.sources.is_empty())
-        else {
-            return self;
-        };
         match self {
             Self::After {
                 last,
                 mut entry,
                 commit,
-            } if last + 1 == r.next_batch => {
-                for s in &r.sources {
+            } => {
+                // Every reset since the last batch, in order (a later one may not name the
+                // sources an earlier one started anew).
+                let since = resets
+                    .iter()
+                    .filter(|(_, r)| r.done && r.next_batch == last + 1);
+                for s in since.flat_map(|(_, r)| &r.sources) {
                     if let Some(range) = entry.sources.get_mut(s.position) {
                         let start = Offset(s.start.clone());
                         *range = crate::checkpoint::SourceRange {

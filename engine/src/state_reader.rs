@@ -335,6 +335,21 @@ impl StateTable {
                 )));
             }
         };
+        if let Some((n, r)) = ck.resets().await.map_err(engine_err)?.last()
+            && batch + 1 < r.next_batch
+        {
+            return Err(user(ClassifiedError::new(
+                "STDS_COMMITTED_BATCH_UNAVAILABLE",
+                "KD006",
+                format!(
+                    "The state after batch {batch} is no longer kept: the reset resets/{n} of \
+                     the checkpoint '{dir}' changed the state from batch {} on. Read batch {} \
+                     or later.",
+                    r.next_batch,
+                    r.next_batch.saturating_sub(1)
+                ),
+            )));
+        }
         let logged_store = match ck.read_offsets(batch).await {
             Ok(entry) => entry
                 .metadata
@@ -472,10 +487,15 @@ fn decode(
         .flat_map(|(p, e)| std::iter::repeat_n(*p as i32, e.len()))
         .collect();
     let pairs: Vec<&(Vec<u8>, Vec<u8>)> = entries.iter().flat_map(|(_, e)| e).collect();
-    let keys = RowConverter::new(sort(&op.key_schema))?;
-    let parser = keys.parser();
-    let key_columns = keys.convert_rows(pairs.iter().map(|(k, _)| parser.parse(k)))?;
-    let key = StructArray::try_new(op.key_schema.fields().clone(), key_columns, None)?;
+    // A global aggregate's key has no columns.
+    let key = if op.key_schema.fields().is_empty() {
+        StructArray::new_empty_fields(n, None)
+    } else {
+        let keys = RowConverter::new(sort(&op.key_schema))?;
+        let parser = keys.parser();
+        let key_columns = keys.convert_rows(pairs.iter().map(|(k, _)| parser.parse(k)))?;
+        StructArray::try_new(op.key_schema.fields().clone(), key_columns, None)?
+    };
     let value: StructArray = match op.operator_name.as_str() {
         "aggregate" => {
             let values = RowConverter::new(sort(&op.value_schema))?;

@@ -195,11 +195,28 @@ impl Sink for FileSink {
         &[OutputMode::Append]
     }
 
-    /// Deletes the folder's log and data files (the log first: a folder without its log is
-    /// read as empty).
+    /// Deletes the files the sink wrote: those its log lists, and parts of batches that never
+    /// committed (`part-<batch>-...`); other files in the folder stay. The log goes first: a
+    /// folder without its log is read as empty, and the parts left by a stop half-way are
+    /// found by their names when the refresh runs again.
     async fn clear_output(&self) -> Result<()> {
-        self.location.child(MANIFEST_DIR).delete_all().await?;
-        self.location.delete_all().await?;
+        let listed: Vec<String> = read_manifest(&self.location)
+            .await?
+            .map(|m| m.files)
+            .unwrap_or_default();
+        let log = self.location.child(MANIFEST_DIR);
+        log.delete_all().await?;
+        if let Some(dir) = log.local_dir() {
+            let _ = std::fs::remove_dir(dir);
+        }
+        for file in listed {
+            self.location.delete(&file).await?;
+        }
+        for (name, _) in self.location.list_files("").await? {
+            if is_part_file(&name) {
+                self.location.delete(&name).await?;
+            }
+        }
         Ok(())
     }
 
@@ -275,6 +292,15 @@ fn internal(e: serde_json::Error) -> Error {
         format!("cannot encode a manifest entry: {e}"),
     )
     .into()
+}
+
+/// Whether `name` is a part file as the sink names them: `part-<5-digit batch>-<uuid>.<ext>`.
+fn is_part_file(name: &str) -> bool {
+    name.strip_prefix("part-")
+        .and_then(|r| r.split_once('-'))
+        .is_some_and(|(batch, rest)| {
+            batch.len() >= 5 && batch.bytes().all(|b| b.is_ascii_digit()) && rest.len() > 36
+        })
 }
 
 /// What a file sink's manifest says: the committed files and how to read them.

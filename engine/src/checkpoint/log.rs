@@ -16,8 +16,9 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 use weir_sources::Offset;
 
-/// Newest format version of both logs.
-pub const LOG_VERSION: u32 = 1;
+/// Newest format version of both logs (and of the state and reset records). Version 2 files
+/// end with a checksum line, which they must have; version 1 files have none.
+pub const LOG_VERSION: u32 = 2;
 
 /// Batch-wide facts of an offsets entry.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -94,8 +95,13 @@ pub(crate) use weir_common::sealed::{seal, unseal};
 /// The lines after the version line of a [`seal`]ed log file, checked: a newer format is
 /// reported as such before the checksum is looked at.
 pub(crate) fn checked_lines(text: &str) -> Result<std::str::Lines<'_>, DecodeError> {
-    let _newer_first = version_line(text)?;
-    version_line(unseal(text)?).map(|(_, lines)| lines)
+    let (version, _) = version_line(text)?;
+    let body = unseal(text)?;
+    // A version 2 file cut at a line end would lose its checksum line and pass as unchecked.
+    if version >= 2 && body.len() == text.len() {
+        return Err("has lost its checksum line (it was cut short)".into());
+    }
+    version_line(body).map(|(_, lines)| lines)
 }
 
 fn truncate(s: &str) -> String {
@@ -173,7 +179,7 @@ mod tests {
     #[test]
     fn offsets_entries_round_trip_in_a_readable_format() {
         let text = entry().encode();
-        assert!(text.starts_with("v1\n{\"batchWatermarkMs\":0,"), "{text}");
+        assert!(text.starts_with("v2\n{\"batchWatermarkMs\":0,"), "{text}");
         let body = unseal(&text).unwrap();
         assert!(
             body.ends_with(
@@ -183,7 +189,14 @@ mod tests {
         );
         assert!(text.contains("\n#fnv64="), "{text}");
         assert_eq!(OffsetEntry::decode(text.as_bytes()).unwrap(), entry());
-        // Entries written before sources were named and before the checksum line still read.
+        // A version 2 entry cut at a line end is refused; version 1 entries (written before
+        // sources were named and before the checksum line) still read.
+        assert!(
+            OffsetEntry::decode(body.as_bytes())
+                .unwrap_err()
+                .contains("checksum line")
+        );
+        let body = body.replacen("v2", "v1", 1);
         let unnamed = body.replace(",\"source\":\"rate-micro-batch\",\"name\":\"clicks\"", "");
         assert_eq!(
             OffsetEntry::decode(unnamed.as_bytes()).unwrap().sources[0].source,
@@ -195,7 +208,11 @@ mod tests {
     fn damaged_or_newer_entries_are_refused_with_a_reason() {
         let text = entry().encode();
         let cut = &text.as_bytes()[..text.len() / 2];
-        assert!(OffsetEntry::decode(cut).unwrap_err().contains("unreadable"));
+        assert!(
+            OffsetEntry::decode(cut)
+                .unwrap_err()
+                .contains("lost its checksum line")
+        );
         // Damage inside a value still parses as JSON; the checksum finds it.
         let garbled = text
             .replace("rocksdb", "rocksXX")

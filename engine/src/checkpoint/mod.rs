@@ -147,10 +147,18 @@ impl Checkpoint {
     /// checkpoint's logs is replaced first.
     pub(crate) async fn open_for_refresh(location: Location) -> Result<Self> {
         let readable = match location.get(METADATA).await? {
-            Some(bytes) => parse_metadata(&location, &bytes).is_ok(),
+            Some(bytes) => match parse_metadata(&location, &bytes) {
+                Ok(_) => true,
+                Err(Error::Corrupt { .. }) => false,
+                // Another engine's checkpoint (Spark's) is never touched.
+                Err(e) => return Err(e),
+            },
             None => false,
         };
         if !readable && location.list_all().await?.iter().any(|p| is_log(p)) {
+            // Record the refresh before the metadata changes, so that runs refuse the
+            // checkpoint until the refresh is done.
+            reset::record_refresh_start(&location).await?;
             let fresh = Metadata {
                 id: Uuid::new_v4(),
                 weir_checkpoint_version: Some(CHECKPOINT_VERSION),
@@ -331,10 +339,12 @@ impl Checkpoint {
         Ok(())
     }
 
-    /// Deletes `sink`, the record of the sink.
+    /// Deletes `sink`, the record of the sink, and `source_names`, the record of removed
+    /// sources (a full refresh).
     pub(crate) async fn delete_sink_record(&self) -> Result<()> {
         self.check_lease()?;
         self.location.delete(SINK).await?;
+        self.location.delete(SOURCE_NAMES).await?;
         Ok(())
     }
 

@@ -49,6 +49,10 @@ fn new_partitions(op: &OperatorInfo, keys: &[&[u8]], partitions: usize) -> Resul
             .first()
             .is_some_and(|f| f.name() == EVENT_TIME_KEY),
     );
+    // A global aggregate's one key is empty; the shuffle sends it by the empty key too.
+    if fields.len() == skip {
+        return Ok(vec![weir_state::key_partition(&[], partitions); keys.len()]);
+    }
     let arrow = |e: arrow::error::ArrowError| Error::Internal(format!("re-keying state: {e}"));
     let state = RowConverter::new(fields.clone()).map_err(arrow)?;
     let parser = state.parser();
@@ -57,10 +61,18 @@ fn new_partitions(op: &OperatorInfo, keys: &[&[u8]], partitions: usize) -> Resul
         .map_err(arrow)?;
     let shuffle = RowConverter::new(fields[skip..].to_vec()).map_err(arrow)?;
     let rows = shuffle.convert_columns(&columns[skip..]).map_err(arrow)?;
-    Ok(rows
+    let out: Vec<usize> = rows
         .iter()
         .map(|r| weir_state::key_partition(r.as_ref(), partitions))
-        .collect())
+        .collect();
+    if out.len() != keys.len() {
+        return Err(Error::Internal(format!(
+            "re-keying state: {} keys gave {} partitions",
+            keys.len(),
+            out.len()
+        )));
+    }
+    Ok(out)
 }
 
 /// Rewrites the state of the checkpoint at `location` into `partitions` shuffle partitions.

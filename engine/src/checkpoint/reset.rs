@@ -261,9 +261,21 @@ pub(crate) fn plan_state(
     StatePlan { operators, changes }
 }
 
+/// The command that finishes an unfinished reset of `kind`.
+fn how_to_finish(kind: ResetKind) -> &'static str {
+    match kind {
+        ResetKind::FullRefresh => "weir checkpoint reset DIR --full",
+        ResetKind::Selective => "weir checkpoint reset DIR --query QUERY.sql",
+        ResetKind::Repartition => "weir checkpoint repartition DIR --partitions N",
+    }
+}
+
 fn encode(record: &ResetRecord) -> Result<String> {
     let json = serde_json::to_string(record).map_err(|e| Error::Internal(e.to_string()))?;
-    Ok(super::log::seal(format!("v1\n{json}")))
+    Ok(super::log::seal(format!(
+        "v{}\n{json}",
+        super::log::LOG_VERSION
+    )))
 }
 
 impl Checkpoint {
@@ -297,11 +309,7 @@ impl Checkpoint {
         if let Some((n, r)) = self.resets().await?.pop()
             && !r.done
         {
-            let how = match r.kind {
-                ResetKind::FullRefresh => "weir checkpoint reset DIR --full",
-                ResetKind::Selective => "weir checkpoint reset DIR --query QUERY.sql",
-                ResetKind::Repartition => "weir checkpoint repartition DIR --partitions N",
-            };
+            let how = how_to_finish(r.kind);
             return Err(Error::user(
                 "CHECKPOINT_RESET_INCOMPLETE",
                 "55000",
@@ -331,6 +339,40 @@ impl Checkpoint {
     }
 }
 
+/// Writes the record of a full refresh that starts on a checkpoint whose metadata cannot be
+/// read (unless a refresh is already under way).
+pub(crate) async fn record_refresh_start(location: &weir_common::Location) -> Result<()> {
+    let mut ids: Vec<u64> = location
+        .list_files(RESETS)
+        .await?
+        .into_iter()
+        .filter_map(|(name, _)| name.parse().ok())
+        .collect();
+    ids.sort_unstable();
+    let next = ids.last().map_or(0, |n| n + 1);
+    if let Some(last) = ids.last()
+        && let Some(bytes) = location.get(&format!("{RESETS}/{last}")).await?
+        && String::from_utf8_lossy(&bytes).contains("\"done\":false")
+    {
+        return Ok(());
+    }
+    let record = ResetRecord {
+        kind: ResetKind::FullRefresh,
+        time: crate::progress::format_timestamp(chrono::Utc::now().timestamp_millis()),
+        query_id_before: Uuid::nil(),
+        query_id_after: Uuid::nil(),
+        next_batch: 0,
+        operators: vec![],
+        sources: vec![],
+        sink: String::new(),
+        done: false,
+    };
+    location
+        .put_if_absent(&format!("{RESETS}/{next}"), Bytes::from(encode(&record)?))
+        .await?;
+    Ok(())
+}
+
 /// The number of the next reset record, or of the unfinished one to finish.
 pub(crate) fn next_reset(resets: &[(u64, ResetRecord)]) -> (u64, Option<&ResetRecord>) {
     match resets.last() {
@@ -357,11 +399,13 @@ pub(crate) async fn delete_unused_state(
 }
 
 /// Full refresh of the checkpoint at `checkpoint` (opened for writing): deletes its batches,
-/// state and sources' files, clears the sink's output (`clear`, given the sink record; `None`
-/// keeps it), and gives it a new query ID.
+/// state and sources' files, deals with the sink's output (`clear`, given the sink record:
+/// clears or keeps it), and gives it a new query ID. With `keep_sink_data` a damaged sink
+/// record is no obstacle.
 pub(crate) async fn full_refresh<F, Fut>(
     checkpoint: &mut Checkpoint,
-    clear: Option<F>,
+    keep_sink_data: bool,
+    clear: F,
 ) -> Result<ResetReport>
 where
     F: FnOnce(super::SinkRecord) -> Fut,
@@ -376,14 +420,21 @@ where
             "CHECKPOINT_RESET_INCOMPLETE",
             "55000",
             format!(
-                "resets/{n} of the checkpoint '{}' is a selective reset that did not finish: \
-                 finish it first (weir checkpoint reset DIR --query QUERY.sql), then refresh.",
-                checkpoint.location().display()
+                "resets/{n} of the checkpoint '{}' is a reset that did not finish: finish it \
+                 first ({}), then refresh.",
+                checkpoint.location().display(),
+                how_to_finish(r.kind)
             ),
         ));
     }
-    let sink_record = checkpoint.read_sink().await?;
-    let stored = checkpoint.read_state_metadata().await?;
+    // The sink record says what to clear: a damaged one is refused unless the output is kept.
+    let sink_record = match checkpoint.read_sink().await {
+        Ok(r) => r,
+        Err(_) if keep_sink_data => None,
+        Err(e) => return Err(e),
+    };
+    // The state record only feeds the report: a damaged or half-deleted one is no obstacle.
+    let stored = checkpoint.read_state_metadata().await.unwrap_or(None);
     let mut record = ResetRecord {
         kind: ResetKind::FullRefresh,
         time: crate::progress::format_timestamp(chrono::Utc::now().timestamp_millis()),
@@ -413,10 +464,9 @@ where
         checkpoint.delete_folder(dir).await?;
     }
     weir_common::failpoint::pause_point("reset_mid", n);
-    record.sink = match (sink_record, clear) {
-        (Some(s), Some(clear)) => clear(s).await?,
-        (Some(s), None) => format!("{} output kept", describe(&s)),
-        (None, _) => "none recorded".into(),
+    record.sink = match sink_record {
+        Some(s) => clear(s).await?,
+        None => "none recorded (or its record was damaged); its output is kept".into(),
     };
     checkpoint.delete_sink_record().await?;
     record.query_id_after = checkpoint.renew_id().await?;

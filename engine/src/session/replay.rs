@@ -166,11 +166,18 @@ impl DataStreamWriter {
         let result = async {
             // The state before the batch, in a copy whose commits go nowhere.
             let stored = checkpoint.read_state_metadata().await?;
-            let partitions = entry
-                .metadata
-                .conf
-                .get(SHUFFLE_PARTITIONS)
-                .and_then(|p| p.parse().ok())
+            // The state's partition count (a repartition changes it), else the logged one.
+            let partitions = stored
+                .as_ref()
+                .and_then(|m| m.operators.first())
+                .map(|o| o.num_partitions)
+                .or_else(|| {
+                    entry
+                        .metadata
+                        .conf
+                        .get(SHUFFLE_PARTITIONS)
+                        .and_then(|p| p.parse().ok())
+                })
                 .unwrap_or_else(|| self.session.ctx.state().config().target_partitions());
             let mut state = self.session.ctx.state();
             state.config_mut().options_mut().execution.target_partitions = partitions;

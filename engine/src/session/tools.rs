@@ -224,13 +224,13 @@ impl DataStreamWriter {
         let result = async {
             let resets = checkpoint.resets().await?;
             let (n, unfinished) = next_reset(&resets);
-            if unfinished.is_some_and(|r| r.kind == ResetKind::FullRefresh) {
+            if unfinished.is_some_and(|r| r.kind != ResetKind::Selective) {
                 return Err(Error::user(
                     "CHECKPOINT_RESET_INCOMPLETE",
                     "55000",
                     format!(
-                        "resets/{n} of the checkpoint is a full refresh that did not finish: \
-                         finish it first (weir checkpoint reset DIR --full)."
+                        "resets/{n} of the checkpoint is a full refresh or repartition that did \
+                         not finish: run it again to finish it first."
                     ),
                 ));
             }
@@ -285,20 +285,23 @@ impl DataStreamWriter {
             if unfinished.is_none() {
                 checkpoint.write_reset(n, &record).await?;
             }
-            // A source started anew keeps nothing of the one it replaces.
-            for s in &record.sources {
+            // A source started from its starting position keeps nothing of the one it replaces
+            // (a derived start continues with the source's own files).
+            for s in record.sources.iter().filter(|s| s.how != "derived") {
                 let rel = match (&s.name, self.source_evolution) {
                     (Some(name), true) => format!("sources/{name}"),
                     _ => format!("sources/{}", s.position),
                 };
                 checkpoint.delete_folder(&rel).await?;
             }
+            // The dropped operators' folders go first: until the record of the operators is
+            // replaced, a run is refused (the reset is not done) and the reset can run again.
+            delete_unused_state(&checkpoint, &plan.operators).await?;
             checkpoint
                 .replace_state_metadata(&StateMetadata {
                     operators: plan.operators.clone(),
                 })
                 .await?;
-            delete_unused_state(&checkpoint, &plan.operators).await?;
             record.done = true;
             checkpoint.write_reset(n, &record).await?;
             Ok(ResetReport {
@@ -481,64 +484,82 @@ impl WeirSession {
         let location = Location::parse_existing_with(dir, std::iter::empty::<(&str, &str)>())?;
         let mut checkpoint = Checkpoint::open_for_refresh(location).await?;
         let sinks = &self.inner().sinks;
-        let clear = |record: crate::checkpoint::SinkRecord| async move {
-            let what = crate::checkpoint::reset::describe(&record);
-            let Some(identity) = record.identity.clone() else {
-                if keep_sink_data {
-                    return Ok(format!("{what} output kept"));
-                }
-                return Err(Error::user(
-                    "FULL_REFRESH_SINK_NOT_CLEARABLE",
-                    "0A000",
-                    format!(
-                        "The checkpoint's batches were written to the {what} sink, whose output \
-                         weir cannot take back. Clear it yourself if needed, then run the full \
-                         refresh again with --keep-sink-data (the checkpoint is unchanged)."
-                    ),
-                ));
-            };
-            let sink = {
-                let registry = sinks
-                    .read()
-                    .map_err(|_| Error::Internal("sink registry lock poisoned".into()))?;
-                let mut options = Options::new();
-                options.set("path", identity);
-                registry.create(&SinkSpec {
-                    format: record.format.clone(),
-                    options,
-                    output_mode: OutputMode::Append,
-                    query_name: None,
-                    schema: Arc::new(datafusion::arrow::datatypes::Schema::empty()),
-                })?
-            };
-            if keep_sink_data {
-                if sink.as_any().downcast_ref::<FileSink>().is_some() {
+        // What the refresh does to the sink: `Ok(None)` keeps its output (saying so), `Ok(Some)`
+        // is the sink to clear; an error refuses the refresh.
+        let plan =
+            |record: &crate::checkpoint::SinkRecord| -> Result<Option<Arc<dyn weir_sinks::Sink>>> {
+                let what = crate::checkpoint::reset::describe(record);
+                let Some(identity) = record.identity.clone() else {
+                    if keep_sink_data {
+                        return Ok(None);
+                    }
                     return Err(Error::user(
                         "FULL_REFRESH_SINK_NOT_CLEARABLE",
                         "0A000",
                         format!(
-                            "The {what} sink's log records which batches it holds, so a rerun \
+                            "The checkpoint's batches were written to the {what} sink, whose output \
+                         weir cannot take back. Clear it yourself if needed, then run the full \
+                         refresh again with --keep-sink-data (the checkpoint is unchanged)."
+                        ),
+                    ));
+                };
+                let sink = {
+                    let registry = sinks
+                        .read()
+                        .map_err(|_| Error::Internal("sink registry lock poisoned".into()))?;
+                    let mut options = Options::new();
+                    options.set("path", identity);
+                    registry.create(&SinkSpec {
+                        format: record.format.clone(),
+                        options,
+                        output_mode: OutputMode::Append,
+                        query_name: None,
+                        schema: Arc::new(datafusion::arrow::datatypes::Schema::empty()),
+                    })?
+                };
+                if keep_sink_data {
+                    if sink.as_any().downcast_ref::<FileSink>().is_some() {
+                        return Err(Error::user(
+                            "FULL_REFRESH_SINK_NOT_CLEARABLE",
+                            "0A000",
+                            format!(
+                                "The {what} sink's log records which batches it holds, so a rerun \
                              from batch 0 would be skipped as already written: its output cannot \
                              be kept. Move the folder away, or run the full refresh without \
                              --keep-sink-data."
-                        ),
-                    ));
+                            ),
+                        ));
+                    }
+                    return Ok(None);
                 }
-                return Ok(format!("{what} output kept"));
+                Ok(Some(sink))
+            };
+        let clear = |record: crate::checkpoint::SinkRecord| {
+            let planned = plan(&record);
+            async move {
+                let what = crate::checkpoint::reset::describe(&record);
+                match planned? {
+                    None => Ok(format!("{what} output kept")),
+                    Some(sink) => {
+                        sink.clear_output().await?;
+                        Ok(format!("{what} output cleared"))
+                    }
+                }
             }
-            sink.clear_output().await?;
-            Ok(format!("{what} output cleared"))
         };
-        // Refuse before touching anything when the sink cannot be dealt with.
+        // Refuse before touching anything when the sink cannot be dealt with: every sink is
+        // made (not cleared) first. A damaged sink record is only passed with the output kept.
         let precheck = match checkpoint.read_sink().await {
-            Ok(Some(r)) if r.identity.is_none() && !keep_sink_data => Some(clear(r).await),
-            Ok(Some(r)) if keep_sink_data && r.identity.is_some() => Some(clear(r).await),
-            Ok(_) => None,
-            Err(e) => Some(Err(e)),
+            Ok(Some(r)) => plan(&r).map(|_| ()),
+            Ok(None) => Ok(()),
+            Err(_) if keep_sink_data => Ok(()),
+            Err(e) => Err(e),
         };
         let result = match precheck {
-            Some(Err(e)) => Err(e),
-            _ => crate::checkpoint::reset::full_refresh(&mut checkpoint, Some(clear)).await,
+            Err(e) => Err(e),
+            Ok(()) => {
+                crate::checkpoint::reset::full_refresh(&mut checkpoint, keep_sink_data, clear).await
+            }
         };
         checkpoint.release().await;
         result

@@ -134,7 +134,7 @@ fn describe_ops(ops: &[OperatorInfo]) -> String {
         .join(", ")
 }
 
-const FORMAT_VERSION: u32 = 1;
+const FORMAT_VERSION: u32 = crate::checkpoint::log::LOG_VERSION;
 
 impl StateMetadata {
     /// The file's content: a version line, then the JSON.

@@ -10,7 +10,10 @@ use weir_common::{Created, Location};
 use super::listing::FileMeta;
 use crate::{Error, Result};
 
-const VERSION: &str = "v1";
+/// The version written: its entries end with a checksum line, which they must have. `v1`
+/// entries (without one) still read.
+const VERSION: &str = "v2";
+const V1: &str = "v1";
 
 /// The log of one file source.
 #[derive(Debug)]
@@ -112,17 +115,23 @@ fn parse(dir: &Location, name: &str, bytes: &[u8]) -> Result<Vec<FileMeta>> {
     };
     let text = std::str::from_utf8(bytes).map_err(|_| corrupt("it is not UTF-8".into()))?;
     let mut lines = text.lines();
-    match lines.next() {
-        Some(VERSION) => {}
+    let checked = match lines.next() {
+        Some(VERSION) => true,
+        Some(V1) => false,
         Some(v) if v.starts_with('v') => {
             return Err(corrupt(format!(
                 "it has format version '{v}', which this weir does not read (it reads {VERSION})"
             )));
         }
         _ => return Err(corrupt("its first line is not a format version".into())),
-    }
+    };
     let body = weir_common::sealed::unseal(text)
         .map_err(|_| corrupt("its checksum does not match its content".into()))?;
+    if checked && body.len() == text.len() {
+        return Err(corrupt(
+            "it has lost its checksum line (it was cut short)".into(),
+        ));
+    }
     body.lines()
         .skip(1)
         .filter(|l| !l.trim().is_empty())
@@ -157,6 +166,15 @@ mod tests {
         );
         let reopened = SourceLog::open(loc.clone()).await.unwrap();
         assert_eq!(reopened.all_files().collect::<Vec<_>>(), vec![&a]);
+
+        // Cut at a line end, an entry loses its checksum line: refused. A v1 entry has none.
+        let text = std::fs::read_to_string(dir.path().join("0")).unwrap();
+        let cut = &text[..text.rfind('\n').unwrap()];
+        std::fs::write(dir.path().join("1"), cut).unwrap();
+        let err = SourceLog::open(loc.clone()).await.unwrap_err();
+        assert!(err.to_string().contains("checksum line"), "{err}");
+        std::fs::write(dir.path().join("1"), cut.replacen("v2", "v1", 1)).unwrap();
+        assert!(SourceLog::open(loc.clone()).await.is_ok());
 
         std::fs::write(dir.path().join("1"), "v9\n{}").unwrap();
         let err = SourceLog::open(loc).await.unwrap_err();
