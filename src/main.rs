@@ -78,10 +78,9 @@ enum CheckpointCommand {
         json: bool,
     },
     /// Rewrites every stateful operator's state into N shuffle partitions, offline, so that
-    /// the next run uses N (aggregations and deduplications; local checkpoints). Stop the query
-    /// first.
+    /// the next run uses N (aggregations and deduplications). Stop the query first.
     Repartition {
-        /// The checkpoint location (a local path).
+        /// The checkpoint location (local path, file:// or s3:// URL).
         dir: String,
         /// The new number of shuffle partitions.
         #[arg(long)]

@@ -11,7 +11,8 @@
 //! ```
 //!
 //! Recorded as a reset (`resets/<n>`, kind `repartition`); stopped half-way, it is refused by
-//! runs until it is run again.
+//! runs until it is run again. On an object store (`s3://`) the state is rewritten in a local
+//! copy and the new folders are uploaded before the record of the operators changes.
 
 use std::collections::BTreeSet;
 
@@ -92,13 +93,6 @@ pub async fn repartition(location: Location, partitions: usize) -> Result<ResetR
 }
 
 async fn run(checkpoint: &Checkpoint, partitions: usize) -> Result<ResetReport> {
-    let Some(state_dir) = checkpoint.state_dir() else {
-        return Err(unsupported(
-            "Repartitioning works on local checkpoints for now; copy the checkpoint to a local \
-             folder, repartition it there and copy it back."
-                .into(),
-        ));
-    };
     let resets = checkpoint.resets().await?;
     let (n, unfinished) = next_reset(&resets);
     if let Some(r) = unfinished
@@ -164,16 +158,38 @@ async fn run(checkpoint: &Checkpoint, partitions: usize) -> Result<ResetReport> 
 
     let scratch =
         crate::stateful::run_scratch_dir("weir-repartition", checkpoint.id(), uuid::Uuid::new_v4());
+    // On an object store the state is rewritten in a local copy, and the new folders uploaded.
+    let mirror = match checkpoint.state_dir() {
+        Some(_) => None,
+        None => Some(
+            super::state_mirror::StateMirror::download(
+                checkpoint.location().child(super::STATE),
+                scratch.join("state"),
+            )
+            .await?,
+        ),
+    };
+    let state_dir = match (checkpoint.state_dir(), &mirror) {
+        (Some(d), _) => d,
+        (None, Some(m)) => m.local().to_path_buf(),
+        (None, None) => return Err(Error::Internal("no state folder to repartition".into())),
+    };
     let rewritten = tokio::task::spawn_blocking({
         let taken: BTreeSet<u32> = checkpoint.state_folder_ids().await?.into_iter().collect();
         let stored = stored.clone();
-        let scratch = scratch.clone();
-        move || rewrite(&stored, &taken, state_dir, scratch, last, partitions)
+        let local = scratch.join("db");
+        move || rewrite(&stored, &taken, state_dir, local, last, partitions)
     })
     .await
-    .map_err(|e| Error::Internal(format!("the repartition task failed: {e}")));
+    .map_err(|e| Error::Internal(format!("the repartition task failed: {e}")))
+    .and_then(|r| r);
+    let uploaded = match (&rewritten, &mirror) {
+        (Ok(_), Some(m)) => m.sync().await,
+        _ => Ok(()),
+    };
     let _ = std::fs::remove_dir_all(&scratch);
-    let (operators, changes) = rewritten??;
+    let (operators, changes) = rewritten?;
+    uploaded?;
     checkpoint
         .replace_state_metadata(&StateMetadata {
             operators: operators.clone(),
