@@ -183,6 +183,20 @@ fn validate_lists_every_check_that_refuses_a_changed_query_as_a_restart_would() 
             "STATE_STORE_KEY_SCHEMA_NOT_COMPATIBLE"
         ]
     );
+    assert!(
+        !dir.path().join("elsewhere").exists(),
+        "validating creates no output folder"
+    );
+    let parquet = format!(
+        "CREATE STREAMING TABLE p USING parquet LOCATION '{}' AS SELECT value FROM STREAM {RATE}",
+        dir.path().join("parquet-out").display()
+    );
+    let (ok, _) = validate(dir.path(), &ck, &parquet);
+    assert!(!ok);
+    assert!(
+        !dir.path().join("parquet-out").exists(),
+        "nor a file sink's"
+    );
     assert_eq!(r["sources"][0]["change"], "changed");
     assert_eq!(r["sources"][0]["checkpoint"], "rate-micro-batch");
     assert_eq!(r["sources"][0]["query"], "rate");

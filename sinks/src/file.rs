@@ -107,7 +107,8 @@ impl FileSink {
             kept.insert("header".to_string(), header.to_string());
             kept.insert("delimiter".to_string(), (delimiter as char).to_string());
         }
-        let location = Location::parse(path)?;
+        // Made when the query starts (`open`), so that checking a query creates nothing.
+        let location = Location::parse_existing_with(path, std::iter::empty::<(&str, &str)>())?;
         Ok(Self {
             location,
             format,
@@ -193,6 +194,24 @@ impl Sink for FileSink {
 
     fn supported_output_modes(&self) -> &'static [OutputMode] {
         &[OutputMode::Append]
+    }
+
+    /// Creates a local output folder.
+    async fn open(&self, _query_id: &str) -> Result<()> {
+        if let Some(dir) = self.location.local_dir() {
+            std::fs::create_dir_all(dir).map_err(|e| {
+                ClassifiedError::new(
+                    "CANNOT_ACCESS_PATH",
+                    "58030",
+                    format!(
+                        "Cannot create the output directory '{}': {e}. Check that the path is \
+                         writable, or choose another one.",
+                        dir.display()
+                    ),
+                )
+            })?;
+        }
+        Ok(())
     }
 
     /// Deletes the files the sink wrote: those its log lists, and parts of batches that never
