@@ -1335,3 +1335,36 @@ fn a_full_refresh_refuses_a_spark_checkpoint_and_leaves_it_alone() {
     assert!(err.contains("CHECKPOINT_LOCATION_NOT_WEIR"), "{err}");
     assert_eq!(files(&ck), before);
 }
+
+/// `read_state` on a session-window aggregation: one row per session, with its bounds and its
+/// accumulators' state.
+#[test]
+fn read_state_gives_each_session_of_a_session_window_aggregation() {
+    let dir = tempfile::tempdir().unwrap();
+    let ck = dir.path().join("ck").display().to_string();
+    let sql = "SELECT value % 2 AS k, session_window(timestamp, '10 seconds') AS s, count(*) \
+               AS n FROM STREAM(rate_micro_batch(rowsPerBatch => 10), watermark => 'timestamp', \
+               delay => '1 second') GROUP BY value % 2, session_window(timestamp, '10 seconds')";
+    let (ok, err) = run_cli(&["run", "--checkpoint", &ck, "--max-batches", "2", "-e", sql]);
+    assert!(ok, "{err}");
+    let mut rows = query_rows(
+        "",
+        &format!("SELECT key, value FROM read_state('{ck}', operatorId => 0)"),
+    );
+    rows.sort();
+    // 20 rows, 10 per key, all in one open session per key.
+    let session = "session_start_us: 0, session_end_us: 11000000, count(Int64(1))[count]: 10";
+    assert_eq!(
+        rows,
+        [0, 1]
+            .map(|k| format!("{{rate_micro_batch.value % Int64(2): {k}}},{{{session}}}"))
+            .to_vec()
+    );
+    let (ok, err) = run_cli(&[
+        "run",
+        "-e",
+        &format!("SELECT * FROM read_state('{ck}', 0, storeName => 'sessions-by-end')"),
+    ]);
+    assert!(!ok);
+    assert!(err.contains("STDS_UNSUPPORTED_OPERATOR"), "{err}");
+}

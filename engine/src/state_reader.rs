@@ -184,7 +184,7 @@ fn arg_text(e: &SqlExpr) -> Option<String> {
 
 /// `read_state`'s arguments: the checkpoint, then `operatorId`, `batchId`, `storeName` by name
 /// or in that order.
-fn read_state_args(args: &[FunctionArg]) -> Result<(String, u32, Option<u64>, String)> {
+fn read_state_args(args: &[FunctionArg]) -> Result<(String, u32, Option<u64>, Option<String>)> {
     const USAGE: &str = "read_state takes the checkpoint location, then operatorId => n and \
                          optionally batchId => n and storeName => 'name': read_state('/data/ck', \
                          operatorId => 0).";
@@ -233,8 +233,7 @@ fn read_state_args(args: &[FunctionArg]) -> Result<(String, u32, Option<u64>, St
     let operator = number("operatorId")?.unwrap_or(0);
     let operator = u32::try_from(operator)
         .map_err(|_| invalid(format!("operatorId {operator} is too large.")))?;
-    let store = get("storeName").unwrap_or_else(|| "default".into());
-    Ok((dir, operator, number("batchId")?, store))
+    Ok((dir, operator, number("batchId")?, get("storeName")))
 }
 
 impl RelationPlanner for StateReaderPlanner {
@@ -284,7 +283,7 @@ impl StateTable {
         dir: String,
         operator: u32,
         batch: Option<u64>,
-        store: String,
+        store: Option<String>,
     ) -> Result<Self> {
         let location = Location::parse_existing_with(&dir, std::iter::empty::<(&str, &str)>())
             .map_err(user)?;
@@ -307,6 +306,11 @@ impl StateTable {
                 have.join(", ")
             )));
         };
+        // An operator's first store holds its state ("default", or a session window's
+        // "sessions"); the others are indexes.
+        let store = store
+            .or_else(|| op.store_names.first().cloned())
+            .unwrap_or_default();
         if !op.store_names.contains(&store) {
             return Err(invalid(format!(
                 "Operator {operator} ({}) has no store '{store}'; its stores are [{}].",
@@ -369,16 +373,19 @@ impl StateTable {
                 ),
             )));
         }
-        if !matches!(
-            op.operator_name.as_str(),
-            "aggregate" | "dedupe" | "dedupeWithinWatermark"
-        ) {
+        let readable = matches!(
+            (op.operator_name.as_str(), store.as_str()),
+            ("aggregate" | "dedupe" | "dedupeWithinWatermark", _)
+                | ("sessionWindowAggregate", "sessions")
+        );
+        if !readable {
             return Err(user(ClassifiedError::new(
                 "STDS_UNSUPPORTED_OPERATOR",
                 "0A000",
                 format!(
-                    "read_state reads the state of aggregations and deduplications; operator \
-                     {operator} is a {}, whose stores it does not decode yet.",
+                    "read_state reads the state of aggregations, session-window aggregations \
+                     (store 'sessions') and deduplications; the store '{store}' of operator \
+                     {operator} (a {}) is not decoded yet.",
                     op.operator_name
                 ),
             )));
@@ -481,6 +488,35 @@ fn decode(
             .map(|f| SortField::new(f.data_type().clone()))
             .collect()
     };
+    // A session window's entry holds a group key's sessions: one row per session, its bounds
+    // then its accumulators' state.
+    let sessions = op.operator_name == "sessionWindowAggregate";
+    let entries: Vec<PartitionEntries> = if sessions {
+        entries
+            .into_iter()
+            .map(|(p, e)| {
+                let mut rows = vec![];
+                for (k, v) in e {
+                    let decoded = crate::stateful::decode_sessions(&v).ok_or_else(|| {
+                        user(ClassifiedError::new(
+                            "STATE_STORE_FILE_CORRUPT",
+                            "XX001",
+                            "A value of the session-window aggregation's state is damaged.",
+                        ))
+                    })?;
+                    for s in decoded {
+                        let mut value = s.start.to_be_bytes().to_vec();
+                        value.extend(s.end.to_be_bytes());
+                        value.extend(s.state);
+                        rows.push((k.clone(), value));
+                    }
+                }
+                Ok((p, rows))
+            })
+            .collect::<Result<_>>()?
+    } else {
+        entries
+    };
     let n: usize = entries.iter().map(|(_, e)| e.len()).sum();
     let partitions: Vec<i32> = entries
         .iter()
@@ -497,6 +533,25 @@ fn decode(
         StructArray::try_new(op.key_schema.fields().clone(), key_columns, None)?
     };
     let value: StructArray = match op.operator_name.as_str() {
+        "sessionWindowAggregate" => {
+            let fields = op.value_schema.fields();
+            let bound = |at: usize| -> Int64Array {
+                pairs
+                    .iter()
+                    .map(|(_, v)| {
+                        v.get(at..at + 8)
+                            .and_then(|b| <[u8; 8]>::try_from(b).ok())
+                            .map(i64::from_be_bytes)
+                    })
+                    .collect()
+            };
+            let state_schema = Schema::new(fields.iter().skip(2).cloned().collect::<Vec<_>>());
+            let values = RowConverter::new(sort(&state_schema))?;
+            let parser = values.parser();
+            let mut columns: Vec<ArrayRef> = vec![Arc::new(bound(0)), Arc::new(bound(8))];
+            columns.extend(values.convert_rows(pairs.iter().map(|(_, v)| parser.parse(&v[16..])))?);
+            StructArray::try_new(fields.clone(), columns, None)?
+        }
         "aggregate" => {
             let values = RowConverter::new(sort(&op.value_schema))?;
             let parser = values.parser();

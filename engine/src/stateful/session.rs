@@ -96,13 +96,16 @@ fn session_call(plan: &Arc<dyn ExecutionPlan>) -> Option<Arc<dyn PhysicalExpr>> 
 
 /// A stored session.
 #[derive(Clone, Debug)]
-struct Session {
-    start: i64,
-    end: i64,
-    state: Vec<u8>,
+pub(crate) struct Session {
+    pub(crate) start: i64,
+    pub(crate) end: i64,
+    /// The accumulators' state, as an arrow row of the value schema's columns after the two
+    /// session bounds.
+    pub(crate) state: Vec<u8>,
 }
 
-fn decode_sessions(v: &[u8]) -> Option<Vec<Session>> {
+/// A group key's sessions as the "sessions" store keeps them; `None` if damaged.
+pub(crate) fn decode_sessions(v: &[u8]) -> Option<Vec<Session>> {
     let mut rest = v;
     let mut out = vec![];
     while !rest.is_empty() {
