@@ -1367,4 +1367,19 @@ fn read_state_gives_each_session_of_a_session_window_aggregation() {
     ]);
     assert!(!ok);
     assert!(err.contains("STDS_UNSUPPORTED_OPERATOR"), "{err}");
+
+    // Repartitioned (both stores, the index by the group key after the session's end), the
+    // sessions keep growing: 20 rows per key after two more batches.
+    let (ok, err) = run_cli(&["checkpoint", "repartition", &ck, "--partitions", "3"]);
+    assert!(ok, "{err}");
+    let (ok, err) = run_cli(&["run", "--checkpoint", &ck, "--max-batches", "2", "-e", sql]);
+    assert!(ok, "{err}");
+    let counts = query_rows(
+        "",
+        &format!(
+            "SELECT count(*) AS sessions FROM read_state('{ck}', operatorId => 0) WHERE \
+             value['count(Int64(1))[count]'] = 20"
+        ),
+    );
+    assert_eq!(counts, ["2"]);
 }

@@ -76,6 +76,23 @@ fn new_partitions(op: &OperatorInfo, keys: &[&[u8]], partitions: usize) -> Resul
     Ok(out)
 }
 
+/// The session-window aggregation's index store, keyed by a session's end then the group key.
+const SESSIONS_BY_END: &str = "sessions-by-end";
+
+/// The length of an event time (i64) as an arrow row: the prefix of an index key.
+fn time_prefix_len() -> Result<usize> {
+    let arrow = |e: arrow::error::ArrowError| Error::Internal(format!("re-keying state: {e}"));
+    let c = RowConverter::new(vec![SortField::new(arrow::datatypes::DataType::Int64)])
+        .map_err(arrow)?;
+    let column: arrow::array::ArrayRef =
+        std::sync::Arc::new(arrow::array::Int64Array::from(vec![0]));
+    Ok(c.convert_columns(&[column])
+        .map_err(arrow)?
+        .row(0)
+        .as_ref()
+        .len())
+}
+
 /// Rewrites the state of the checkpoint at `location` into `partitions` shuffle partitions.
 pub async fn repartition(location: Location, partitions: usize) -> Result<ResetReport> {
     if partitions == 0 {
@@ -124,12 +141,12 @@ async fn run(checkpoint: &Checkpoint, partitions: usize) -> Result<ResetReport> 
     if let Some(op) = stored.iter().find(|o| {
         !matches!(
             o.operator_name.as_str(),
-            "aggregate" | "dedupe" | "dedupeWithinWatermark"
+            "aggregate" | "dedupe" | "dedupeWithinWatermark" | "sessionWindowAggregate"
         )
     }) {
         return Err(unsupported(format!(
-            "Repartitioning rewrites the state of aggregations and deduplications; operator {} \
-             is a {}, whose state it cannot re-key yet.",
+            "Repartitioning rewrites the state of aggregations, session-window aggregations and \
+             deduplications; operator {} is a {}, whose state it cannot re-key yet.",
             op.operator_id, op.operator_name
         )));
     }
@@ -236,7 +253,20 @@ fn rewrite(
                     )
                     .map_err(state_err)?;
                 let entries = s.scan(&KeyRange::all()).map_err(state_err)?;
-                let keys: Vec<&[u8]> = entries.iter().map(|(k, _)| k.as_slice()).collect();
+                // A session window's index is keyed by a session's end, then the group key.
+                let skip = if store == SESSIONS_BY_END {
+                    time_prefix_len()?
+                } else {
+                    0
+                };
+                let keys: Vec<&[u8]> = entries
+                    .iter()
+                    .map(|(k, _)| {
+                        k.get(skip..).ok_or_else(|| {
+                            Error::Internal(format!("a key of store {store} is too short"))
+                        })
+                    })
+                    .collect::<Result<_>>()?;
                 for ((k, v), q) in entries.iter().zip(new_partitions(op, &keys, partitions)?) {
                     buckets[q].put(k.clone(), v.clone());
                     counts[q] += 1;

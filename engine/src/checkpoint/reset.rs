@@ -166,9 +166,11 @@ impl ResetReport {
             let at = op
                 .operator_id
                 .map_or(String::new(), |id| format!(" as operator {id}"));
-            let from = op
-                .first_batch
-                .map_or(String::new(), |b| format!(", empty from batch {b}"));
+            let from = match (op.first_batch, op.action.as_str()) {
+                (Some(b), "reset") => format!(", empty from batch {b}"),
+                (Some(b), _) => format!(", from batch {b}"),
+                (None, _) => String::new(),
+            };
             let _ = writeln!(
                 out,
                 "  {:<8} {}{at} (state/{}{from})",
