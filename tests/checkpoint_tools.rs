@@ -502,6 +502,20 @@ fn read_state_metadata_refuses_a_bad_argument() {
     );
 }
 
+/// `weir checkpoint reset ck --query file <extra> --json`, which must succeed: its record.
+fn selective_reset(ck: &str, file: &std::path::Path, extra: &[&str]) -> serde_json::Value {
+    let mut args = vec!["checkpoint", "reset", ck, "--query", file.to_str().unwrap()];
+    args.extend_from_slice(extra);
+    args.push("--json");
+    let out = weir(&args);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
 /// The rows of batch SQL `sql` run in a new session (after the `setup` statements).
 fn query_rows(setup: &str, sql: &str) -> Vec<String> {
     let rt = tokio::runtime::Runtime::new().unwrap();
@@ -601,20 +615,7 @@ fn a_removed_dedupe_is_refused_then_a_selective_reset_continues_with_no_row_lost
 
     let file = dir.path().join("plain.sql");
     std::fs::write(&file, &plain).unwrap();
-    let reset = weir(&[
-        "checkpoint",
-        "reset",
-        &ck,
-        "--query",
-        file.to_str().unwrap(),
-        "--json",
-    ]);
-    assert!(
-        reset.status.success(),
-        "{}",
-        String::from_utf8_lossy(&reset.stderr)
-    );
-    let r: serde_json::Value = serde_json::from_slice(&reset.stdout).unwrap();
+    let r = selective_reset(&ck, &file, &[]);
     assert_eq!(r["kind"], "selective");
     assert_eq!(
         r["nextBatch"], 3,
@@ -684,20 +685,7 @@ fn a_selective_reset_keeps_the_state_of_an_unchanged_aggregation() {
     assert!(ok, "{err}");
     let file = dir.path().join("plain.sql");
     std::fs::write(&file, &plain).unwrap();
-    let reset = weir(&[
-        "checkpoint",
-        "reset",
-        &ck,
-        "--query",
-        file.to_str().unwrap(),
-        "--json",
-    ]);
-    assert!(
-        reset.status.success(),
-        "{}",
-        String::from_utf8_lossy(&reset.stderr)
-    );
-    let r: serde_json::Value = serde_json::from_slice(&reset.stdout).unwrap();
+    let r = selective_reset(&ck, &file, &[]);
     let actions: Vec<(String, String)> = r["operators"]
         .as_array()
         .unwrap()
@@ -790,20 +778,7 @@ fn a_selective_reset_keeps_the_state_of_an_operator_whose_position_moved() {
     assert!(ok, "{err}");
     let file = dir.path().join("inner.sql");
     std::fs::write(&file, &inner_only).unwrap();
-    let reset = weir(&[
-        "checkpoint",
-        "reset",
-        &ck,
-        "--query",
-        file.to_str().unwrap(),
-        "--json",
-    ]);
-    assert!(
-        reset.status.success(),
-        "{}",
-        String::from_utf8_lossy(&reset.stderr)
-    );
-    let r: serde_json::Value = serde_json::from_slice(&reset.stdout).unwrap();
+    let r = selective_reset(&ck, &file, &[]);
     assert_eq!(r["operators"][0]["action"], "kept");
     assert_eq!(r["operators"][0]["operatorId"], 0);
     assert_eq!(
@@ -869,20 +844,7 @@ fn a_selective_reset_starts_a_changed_operator_empty_at_the_next_batch() {
     assert!(ok, "{err}");
     let file = dir.path().join("sum.sql");
     std::fs::write(&file, &summed).unwrap();
-    let reset = weir(&[
-        "checkpoint",
-        "reset",
-        &ck,
-        "--query",
-        file.to_str().unwrap(),
-        "--json",
-    ]);
-    assert!(
-        reset.status.success(),
-        "{}",
-        String::from_utf8_lossy(&reset.stderr)
-    );
-    let r: serde_json::Value = serde_json::from_slice(&reset.stdout).unwrap();
+    let r = selective_reset(&ck, &file, &[]);
     assert_eq!(r["operators"][0]["action"], "reset");
     assert_eq!(r["operators"][0]["firstBatch"], 3);
     assert_eq!(r["operators"][1]["action"], "dropped");
@@ -1237,22 +1199,7 @@ fn a_source_reset_starts_a_moved_file_source_in_its_new_folder() {
 
     let file = dir.path().join("moved.sql");
     std::fs::write(&file, &moved).unwrap();
-    let reset = weir(&[
-        "checkpoint",
-        "reset",
-        &ck,
-        "--query",
-        file.to_str().unwrap(),
-        "--source",
-        "0",
-        "--json",
-    ]);
-    assert!(
-        reset.status.success(),
-        "{}",
-        String::from_utf8_lossy(&reset.stderr)
-    );
-    let r: serde_json::Value = serde_json::from_slice(&reset.stdout).unwrap();
+    let r = selective_reset(&ck, &file, &["--source", "0"]);
     let s = &r["sources"][0];
     assert_eq!(s["how"], "startingPosition");
     assert!(s["previous"].as_str().unwrap().ends_with("in1"), "{s}");

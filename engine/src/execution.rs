@@ -148,6 +148,16 @@ impl RestartPoint {
         Ok(Some(point))
     }
 
+    /// Where `checkpoint` left off, with the sources resets (`resets`) started anew in place.
+    pub(crate) async fn read_after_resets(
+        checkpoint: &Checkpoint,
+        resets: &[(u64, crate::checkpoint::reset::ResetRecord)],
+    ) -> Result<Option<Self>> {
+        Ok(Self::read(checkpoint)
+            .await?
+            .map(|r| r.with_source_resets(resets)))
+    }
+
     /// The point with the sources a selective reset started anew (`resets`, the checkpoint's
     /// reset records) in place, while no batch has run since that reset.
     pub(crate) fn with_source_resets(

@@ -306,9 +306,10 @@ impl Checkpoint {
         Ok(out)
     }
 
-    /// Refuses a checkpoint whose last reset did not finish.
-    pub(crate) async fn check_resets_done(&self) -> Result<()> {
-        if let Some((n, r)) = self.resets().await?.pop()
+    /// Refuses a checkpoint whose last reset (of `resets`, as [`Checkpoint::resets`] read them)
+    /// did not finish.
+    pub(crate) fn check_resets_done(&self, resets: &[(u64, ResetRecord)]) -> Result<()> {
+        if let Some((n, r)) = resets.last()
             && !r.done
         {
             let how = how_to_finish(r.kind);

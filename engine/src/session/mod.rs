@@ -759,11 +759,9 @@ impl DataStreamWriter {
             }
         };
         let checkpoint = Checkpoint::open(location, temporary).await?;
-        checkpoint.check_resets_done().await?;
         let resets = checkpoint.resets().await?;
-        let restart = RestartPoint::read(&checkpoint)
-            .await?
-            .map(|r| r.with_source_resets(&resets));
+        checkpoint.check_resets_done(&resets)?;
+        let restart = RestartPoint::read_after_resets(&checkpoint, &resets).await?;
         let removed_sources = match check_restart_sources(
             &checkpoint,
             restart.as_ref(),

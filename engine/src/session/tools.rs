@@ -35,9 +35,7 @@ impl DataStreamWriter {
         let location = Location::parse_existing_with(&dir, std::iter::empty::<(&str, &str)>())?;
         let checkpoint = Checkpoint::open_read_only(location).await?;
         let resets = checkpoint.resets().await?;
-        let restart = RestartPoint::read(&checkpoint)
-            .await?
-            .map(|r| r.with_source_resets(&resets));
+        let restart = RestartPoint::read_after_resets(&checkpoint, &resets).await?;
         let mut problems = vec![];
         if let Err(e) = check_restart_sources(
             &checkpoint,
@@ -56,7 +54,7 @@ impl DataStreamWriter {
             problems.push(e);
         }
 
-        if let Err(e) = checkpoint.check_resets_done().await {
+        if let Err(e) = checkpoint.check_resets_done(&resets) {
             problems.push(e);
         }
         let state = self.session.ctx.state();
@@ -234,9 +232,7 @@ impl DataStreamWriter {
                     ),
                 ));
             }
-            let restart = RestartPoint::read(&checkpoint)
-                .await?
-                .map(|r| r.with_source_resets(&resets));
+            let restart = RestartPoint::read_after_resets(&checkpoint, &resets).await?;
             let (restart, source_resets) = self
                 .reset_sources(
                     &planned,
