@@ -4,14 +4,15 @@
 //!   stateful operator and store with `operatorId`, `operatorName`, `stateStoreName`,
 //!   `numPartitions`, `minBatchId`, `maxBatchId` (the batches whose state the checkpoint still
 //!   holds, up to the last committed one);
-//! - `read_state('DIR', operatorId => k [, batchId => b])`, as Spark's `statestore` data
-//!   source: the entries of an operator's state after a batch, as `key` and `value` structs
-//!   with `partition_id`.
+//! - `read_state('DIR', operatorId => k [, batchId => b] [, storeName => s] [, joinSide => j])`,
+//!   as Spark's `statestore` data source: the entries of an operator's state after a batch, as
+//!   `key` and `value` structs with `partition_id` (a session window's sessions and a join
+//!   side's rows one row each).
 
 use std::sync::Arc;
 
 use arrow::array::{Int32Array, Int64Array, StringArray};
-use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
+use arrow::datatypes::{DataType, Field, Fields, Schema, SchemaRef};
 use arrow::record_batch::RecordBatch;
 use async_trait::async_trait;
 use datafusion::catalog::{Session, TableFunctionArgs, TableFunctionImpl, TableProvider};
@@ -147,8 +148,8 @@ impl TableProvider for StateMetadataTable {
 /// The relation `read_state('DIR', operatorId => k [, batchId => b] [, storeName => s])`, as
 /// Spark's `statestore` data source: one row per state entry of operator `k` after batch `b`
 /// (the last committed batch by default), with columns `key` and `value` (structs of the
-/// operator's key and value columns) and `partition_id`. It reads the state of aggregations
-/// and deduplications, from checkpoints of the RocksDB state store (local or `s3://`); the
+/// operator's key and value columns) and `partition_id`. It reads the state of aggregations,
+/// session windows, deduplications and stream-stream joins, from checkpoints of the RocksDB state store (local or `s3://`); the
 /// memory store keeps nothing in the checkpoint. Planned by [`StateReaderPlanner`].
 #[derive(Debug)]
 struct StateTable {
@@ -182,19 +183,32 @@ fn arg_text(e: &SqlExpr) -> Option<String> {
     }
 }
 
-/// `read_state`'s arguments: the checkpoint, then `operatorId`, `batchId`, `storeName` by name
-/// or in that order.
-fn read_state_args(args: &[FunctionArg]) -> Result<(String, u32, Option<u64>, Option<String>)> {
+/// `read_state`'s arguments, as Spark's `statestore` source's options.
+#[derive(Debug)]
+struct ReadStateArgs {
+    dir: String,
+    operator: u32,
+    batch: Option<u64>,
+    store: Option<String>,
+    /// A stream-stream join's side, `left` or `right`.
+    join_side: Option<String>,
+}
+
+/// The names of `read_state`'s arguments, in the order they may be given without names.
+const READ_STATE_ARGS: [&str; 5] = ["path", "operatorId", "batchId", "storeName", "joinSide"];
+
+/// `read_state`'s arguments: the checkpoint, then `operatorId`, `batchId`, `storeName`,
+/// `joinSide` by name or in that order.
+fn read_state_args(args: &[FunctionArg]) -> Result<ReadStateArgs> {
     const USAGE: &str = "read_state takes the checkpoint location, then operatorId => n and \
-                         optionally batchId => n and storeName => 'name': read_state('/data/ck', \
-                         operatorId => 0).";
+                         optionally batchId => n, and storeName => 'name' or (for a \
+                         stream-stream join) joinSide => 'left' | 'right': \
+                         read_state('/data/ck', operatorId => 0).";
     let mut named: Vec<(String, String)> = vec![];
     for (i, a) in args.iter().enumerate() {
         let (name, e) = match a {
             FunctionArg::Unnamed(FunctionArgExpr::Expr(e)) => {
-                let name = ["path", "operatorId", "batchId", "storeName"]
-                    .get(i)
-                    .ok_or_else(|| invalid(USAGE))?;
+                let name = READ_STATE_ARGS.get(i).ok_or_else(|| invalid(USAGE))?;
                 (name.to_string(), e)
             }
             FunctionArg::Named {
@@ -214,11 +228,10 @@ fn read_state_args(args: &[FunctionArg]) -> Result<(String, u32, Option<u64>, Op
             .find(|(k, _)| k.eq_ignore_ascii_case(key))
             .map(|(_, v)| v.clone())
     };
-    if let Some((k, _)) = named.iter().find(|(k, _)| {
-        !["path", "operatorId", "batchId", "storeName"]
-            .iter()
-            .any(|n| n.eq_ignore_ascii_case(k))
-    }) {
+    if let Some((k, _)) = named
+        .iter()
+        .find(|(k, _)| !READ_STATE_ARGS.iter().any(|n| n.eq_ignore_ascii_case(k)))
+    {
         return Err(invalid(format!("Unknown argument '{k}'. {USAGE}")));
     }
     let dir = get("path").ok_or_else(|| invalid(USAGE))?;
@@ -233,7 +246,13 @@ fn read_state_args(args: &[FunctionArg]) -> Result<(String, u32, Option<u64>, Op
     let operator = number("operatorId")?.unwrap_or(0);
     let operator = u32::try_from(operator)
         .map_err(|_| invalid(format!("operatorId {operator} is too large.")))?;
-    Ok((dir, operator, number("batchId")?, get("storeName")))
+    Ok(ReadStateArgs {
+        dir,
+        operator,
+        batch: number("batchId")?,
+        store: get("storeName"),
+        join_side: get("joinSide"),
+    })
 }
 
 impl RelationPlanner for StateReaderPlanner {
@@ -260,9 +279,8 @@ impl RelationPlanner for StateReaderPlanner {
         if !fname.eq_ignore_ascii_case("read_state") {
             return Ok(RelationPlanning::Original(Box::new(relation)));
         }
-        let (dir, operator, batch, store) = read_state_args(&args.args)?;
-        let table = weir_common::block_on(StateTable::try_new(dir, operator, batch, store))
-            .map_err(user)??;
+        let args = read_state_args(&args.args)?;
+        let table = weir_common::block_on(StateTable::try_new(args)).map_err(user)??;
         let plan =
             LogicalPlanBuilder::scan("read_state", provider_as_source(Arc::new(table)), None)?
                 .build()?;
@@ -279,12 +297,14 @@ fn engine_err(e: crate::Error) -> DataFusionError {
 
 impl StateTable {
     /// Reads what the checkpoint says of the operator and the batch, checking both.
-    async fn try_new(
-        dir: String,
-        operator: u32,
-        batch: Option<u64>,
-        store: Option<String>,
-    ) -> Result<Self> {
+    async fn try_new(args: ReadStateArgs) -> Result<Self> {
+        let ReadStateArgs {
+            dir,
+            operator,
+            batch,
+            store,
+            join_side,
+        } = args;
         let location = Location::parse_existing_with(&dir, std::iter::empty::<(&str, &str)>())
             .map_err(user)?;
         let ck = Checkpoint::open_read_only(location)
@@ -306,8 +326,35 @@ impl StateTable {
                 have.join(", ")
             )));
         };
-        // An operator's first store holds its state ("default", or a session window's
-        // "sessions"); the others are indexes.
+        let join = op.operator_name == "streamStreamJoin";
+        let store = match (join_side, store) {
+            (Some(_), Some(_)) => {
+                return Err(user(ClassifiedError::new(
+                    "STDS_CONFLICT_OPTIONS",
+                    "42613",
+                    "read_state takes joinSide or storeName, not both: joinSide => 'left' \
+                     reads the join's store 'left'.",
+                )));
+            }
+            (Some(side), None) if !join => {
+                return Err(invalid(format!(
+                    "joinSide => '{side}' reads a stream-stream join; operator {operator} is a \
+                     {}. Leave joinSide out.",
+                    op.operator_name
+                )));
+            }
+            (Some(side), None) => match side.to_ascii_lowercase().as_str() {
+                s @ ("left" | "right") => Some(s.to_string()),
+                _ => {
+                    return Err(invalid(format!(
+                        "joinSide must be 'left' or 'right', not '{side}'."
+                    )));
+                }
+            },
+            (None, store) => store,
+        };
+        // An operator's first store holds its state ("default", a session window's
+        // "sessions", a join's "left"); the others are indexes.
         let store = store
             .or_else(|| op.store_names.first().cloned())
             .unwrap_or_default();
@@ -377,6 +424,7 @@ impl StateTable {
             (op.operator_name.as_str(), store.as_str()),
             ("aggregate" | "dedupe" | "dedupeWithinWatermark", _)
                 | ("sessionWindowAggregate", "sessions")
+                | ("streamStreamJoin", "left" | "right")
         );
         if !readable {
             return Err(user(ClassifiedError::new(
@@ -384,23 +432,34 @@ impl StateTable {
                 "0A000",
                 format!(
                     "read_state reads the state of aggregations, session-window aggregations \
-                     (store 'sessions') and deduplications; the store '{store}' of operator \
-                     {operator} (a {}) is not decoded yet.",
+                     (store 'sessions'), deduplications and stream-stream joins (stores 'left' \
+                     and 'right'); the store '{store}' of operator {operator} (a {}) is an \
+                     index it does not decode.",
                     op.operator_name
                 ),
             )));
         }
+        // A join's side store holds rows of that side: its columns, without the side's prefix.
+        let value_fields: Fields = if join {
+            let prefix = format!("{store}.");
+            op.value_schema
+                .fields()
+                .iter()
+                .filter_map(|f| {
+                    let name = f.name().strip_prefix(&prefix)?;
+                    Some(Field::new(name, f.data_type().clone(), true))
+                })
+                .collect()
+        } else {
+            op.value_schema.fields().clone()
+        };
         let schema = Arc::new(Schema::new(vec![
             Field::new(
                 "key",
                 DataType::Struct(op.key_schema.fields().clone()),
                 true,
             ),
-            Field::new(
-                "value",
-                DataType::Struct(op.value_schema.fields().clone()),
-                true,
-            ),
+            Field::new("value", DataType::Struct(value_fields), true),
             Field::new("partition_id", DataType::Int32, true),
         ]));
         Ok(Self {
@@ -514,6 +573,25 @@ fn decode(
                 Ok((p, rows))
             })
             .collect::<Result<_>>()?
+    } else if op.operator_name == "streamStreamJoin" {
+        // A join side's entry holds a join key's rows: one row each.
+        entries
+            .into_iter()
+            .map(|(p, e)| {
+                let mut rows = vec![];
+                for (k, v) in e {
+                    let stored = crate::stateful::join_state::side_rows(&v).ok_or_else(|| {
+                        user(ClassifiedError::new(
+                            "STATE_STORE_FILE_CORRUPT",
+                            "XX001",
+                            "A value of the stream-stream join's state is damaged.",
+                        ))
+                    })?;
+                    rows.extend(stored.into_iter().map(|row| (k.clone(), row)));
+                }
+                Ok((p, rows))
+            })
+            .collect::<Result<_>>()?
     } else {
         entries
     };
@@ -550,6 +628,18 @@ fn decode(
             let parser = values.parser();
             let mut columns: Vec<ArrayRef> = vec![Arc::new(bound(0)), Arc::new(bound(8))];
             columns.extend(values.convert_rows(pairs.iter().map(|(_, v)| parser.parse(&v[16..])))?);
+            StructArray::try_new(fields.clone(), columns, None)?
+        }
+        "streamStreamJoin" => {
+            let DataType::Struct(fields) = schema.field(1).data_type() else {
+                return Err(DataFusionError::Internal(
+                    "read_state's value column is not a struct".into(),
+                ));
+            };
+            let side = Schema::new(fields.clone());
+            let values = RowConverter::new(sort(&side))?;
+            let parser = values.parser();
+            let columns = values.convert_rows(pairs.iter().map(|(_, v)| parser.parse(v)))?;
             StructArray::try_new(fields.clone(), columns, None)?
         }
         "aggregate" => {

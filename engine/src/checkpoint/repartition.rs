@@ -4,7 +4,9 @@
 //!
 //! ```text
 //! state/<old>/<p>/<store>  at the last committed batch's version, every partition scanned
-//!   -> each key's shuffle key (the state key without its event-time prefix) hashed into N
+//!   -> each key's shuffle key (the state key without its event-time prefix) hashed into N;
+//!      a join's event-time index entry is split by its rows' join keys, and each new
+//!      partition gets its own row count
 //!   -> state/<new>/<q>/<store> version 1, one commit per new partition
 //! state/_metadata          the operators with N partitions, their state in the new folders from
 //!                          the next batch on (the commit point); the old folders are deleted
@@ -14,7 +16,7 @@
 //! runs until it is run again. On an object store (`s3://`) the state is rewritten in a local
 //! copy and the new folders are uploaded before the record of the operators changes.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 
 use arrow::row::{RowConverter, SortField};
 use weir_common::Location;
@@ -24,7 +26,7 @@ use super::reset::{
     OperatorChange, ResetKind, ResetRecord, ResetReport, delete_unused_state, next_reset,
 };
 use super::{Checkpoint, Resume};
-use crate::stateful::{EVENT_TIME_KEY, OperatorInfo, StateLayout, StateMetadata};
+use crate::stateful::{EVENT_TIME_KEY, OperatorInfo, StateLayout, StateMetadata, join_state};
 use crate::{Error, Result};
 
 fn unsupported(message: String) -> Error {
@@ -141,12 +143,17 @@ async fn run(checkpoint: &Checkpoint, partitions: usize) -> Result<ResetReport> 
     if let Some(op) = stored.iter().find(|o| {
         !matches!(
             o.operator_name.as_str(),
-            "aggregate" | "dedupe" | "dedupeWithinWatermark" | "sessionWindowAggregate"
+            "aggregate"
+                | "dedupe"
+                | "dedupeWithinWatermark"
+                | "sessionWindowAggregate"
+                | "streamStreamJoin"
         )
     }) {
         return Err(unsupported(format!(
-            "Repartitioning rewrites the state of aggregations, session-window aggregations and \
-             deduplications; operator {} is a {}, whose state it cannot re-key yet.",
+            "Repartitioning rewrites the state of aggregations, session-window aggregations, \
+             deduplications and stream-stream joins; operator {} is a {}, whose state it does \
+             not know.",
             op.operator_id, op.operator_name
         )));
     }
@@ -243,8 +250,7 @@ fn rewrite(
         let fresh = (0..).find(|i| !taken.contains(i)).unwrap_or(u32::MAX);
         taken.insert(fresh);
         for store in &op.store_names {
-            let mut buckets = vec![WriteBatch::new(); partitions];
-            let mut counts = vec![0i64; partitions];
+            let mut entries = vec![];
             for p in 0..op.num_partitions as u32 {
                 let s = provider
                     .open(
@@ -252,7 +258,24 @@ fn rewrite(
                         op.state_version(last + 1),
                     )
                     .map_err(state_err)?;
-                let entries = s.scan(&KeyRange::all()).map_err(state_err)?;
+                entries.extend(s.scan(&KeyRange::all()).map_err(state_err)?);
+            }
+            let buckets = if op.operator_name == "streamStreamJoin" && join_state::is_index(store) {
+                // A join's event-time index entry lists rows of many join keys: it is split.
+                join_state::split_index(&entries, partitions, |keys| {
+                    new_partitions(op, keys, partitions)
+                })?
+                .ok_or_else(|| {
+                    Error::user(
+                        "STATE_STORE_FILE_CORRUPT",
+                        "XX001",
+                        format!(
+                            "A value of the join's store {store} (operator {}) is damaged.",
+                            op.operator_id
+                        ),
+                    )
+                })?
+            } else {
                 // A session window's index is keyed by a session's end, then the group key.
                 let skip = if store == SESSIONS_BY_END {
                     time_prefix_len()?
@@ -267,16 +290,23 @@ fn rewrite(
                         })
                     })
                     .collect::<Result<_>>()?;
-                for ((k, v), q) in entries.iter().zip(new_partitions(op, &keys, partitions)?) {
-                    buckets[q].put(k.clone(), v.clone());
-                    counts[q] += 1;
+                let targets = new_partitions(op, &keys, partitions)?;
+                let mut buckets = vec![BTreeMap::new(); partitions];
+                for ((k, v), q) in entries.into_iter().zip(targets) {
+                    buckets[q].insert(k, v);
                 }
-            }
-            for (q, (bucket, count)) in buckets.into_iter().zip(counts).enumerate() {
+                buckets
+            };
+            for (q, bucket) in buckets.into_iter().enumerate() {
+                let count = bucket.len() as i64;
+                let mut batch = WriteBatch::new();
+                for (k, v) in bucket {
+                    batch.put(k, v);
+                }
                 let mut s = provider
                     .open(&StoreId::new(fresh, q as u32, store.as_str()), 0)
                     .map_err(state_err)?;
-                s.apply(bucket.with_key_delta(count)).map_err(state_err)?;
+                s.apply(batch.with_key_delta(count)).map_err(state_err)?;
                 s.commit().map_err(state_err)?;
             }
         }

@@ -450,6 +450,71 @@ fn decode_index(v: &[u8]) -> Option<Vec<(&[u8], u32)>> {
     Some(out)
 }
 
+/// What the checkpoint tools (`read_state`, `weir checkpoint repartition`) read of a join's
+/// stores, whose values the join alone encodes.
+pub(crate) mod stored {
+    use std::collections::BTreeMap;
+
+    /// A store's entries, by key.
+    pub(crate) type Entries = BTreeMap<Vec<u8>, Vec<u8>>;
+
+    /// Whether `store` is a side's event-time index (`"<side>-times"`) rather than its rows.
+    pub(crate) fn is_index(store: &str) -> bool {
+        store.ends_with("-times")
+    }
+
+    /// The rows a side store keeps under one join key, each the side's columns as an arrow
+    /// row; `None` when the value is damaged.
+    pub(crate) fn side_rows(value: &[u8]) -> Option<Vec<Vec<u8>>> {
+        Some(
+            super::decode_list(value)?
+                .into_iter()
+                .map(|e| e.row)
+                .collect(),
+        )
+    }
+
+    /// Splits a side's event-time index, read from every old partition, among new ones: each
+    /// entry's rows go where `partition_of` sends their join keys (entries of old partitions
+    /// under the same time and batch merge), and each new partition gets its own row count.
+    /// `None` when an entry is damaged.
+    pub(crate) fn split_index<E>(
+        entries: &[(Vec<u8>, Vec<u8>)],
+        partitions: usize,
+        partition_of: impl FnOnce(&[&[u8]]) -> Result<Vec<usize>, E>,
+    ) -> Result<Option<Vec<Entries>>, E> {
+        let mut rows = vec![];
+        for (k, v) in entries
+            .iter()
+            .filter(|(k, _)| k.as_slice() != super::COUNT_KEY)
+        {
+            let Some(decoded) = super::decode_index(v) else {
+                return Ok(None);
+            };
+            rows.extend(decoded.into_iter().map(|(key, row)| (k, key, row)));
+        }
+        let keys: Vec<&[u8]> = rows.iter().map(|(_, key, _)| *key).collect();
+        let targets = partition_of(&keys)?;
+        if targets.len() != rows.len() {
+            return Ok(None);
+        }
+        let mut out = vec![BTreeMap::new(); partitions];
+        let mut counts = vec![0i64; partitions];
+        for ((index_key, key, row), q) in rows.into_iter().zip(targets) {
+            let Some(entries) = out.get_mut(q) else {
+                return Ok(None);
+            };
+            let value: &mut Vec<u8> = entries.entry(index_key.clone()).or_default();
+            super::push_index_row(value, key, row);
+            counts[q] += 1;
+        }
+        for (entries, rows) in out.iter_mut().zip(counts) {
+            entries.insert(super::COUNT_KEY.to_vec(), rows.to_be_bytes().to_vec());
+        }
+        Ok(Some(out))
+    }
+}
+
 /// The index store's key of the side's row count. Arrow-row marks a non-null value with a
 /// leading 1, so this sorts before every event-time key and no eviction scan reaches it.
 const COUNT_KEY: &[u8] = &[0];

@@ -35,6 +35,7 @@ pub(crate) use metadata::{OperatorInfo, StateLayout, StateMetadata, same_types};
 /// The column an operator's state key starts with when the key has an event-time component
 /// (so that watermark eviction is a range scan); the shuffle key is the rest.
 pub(crate) const EVENT_TIME_KEY: &str = "__event_time_us";
+pub(crate) use join::stored as join_state;
 pub(crate) use session::decode_sessions;
 use watermark::WatermarkExec;
 pub(crate) use watermark::{EventTimeStats, WeirQueryPlanner};
