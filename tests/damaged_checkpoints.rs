@@ -300,3 +300,123 @@ fn a_full_refresh_recovers_a_checkpoint_whose_metadata_is_lost() {
     assert!(ok, "{err}");
     assert_eq!(s.counts(), ALL_FOUR);
 }
+
+/// `weir run -e <sql>` with `args`: success and stderr.
+fn weir_run(args: &[&str], sql: &str) -> (bool, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_weir"))
+        .arg("run")
+        .args(args)
+        .args(["-e", sql])
+        .output()
+        .unwrap();
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// The files sources keep of where they start, `sources/0/initial` of a Delta source and
+/// `sources/0/0` of a rate source: damaged, a restart is refused naming the file and leaving
+/// every file as it was; lost, the start is resolved again, which only a query that never ran a
+/// batch would use (the Delta query then reads exactly its new rows).
+#[test]
+fn a_sources_damaged_start_file_is_refused_by_name_and_a_lost_one_is_resolved_again() {
+    use Damage::*;
+    let (work, base) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let src = work.path().join("src").display().to_string();
+    let src_ck = work.path().join("src-ck").display().to_string();
+    let add_rows = |batches: &str| {
+        let (ok, err) = weir_run(
+            &["--checkpoint", &src_ck, "--max-batches", batches],
+            &format!(
+                "CREATE STREAMING TABLE src USING delta LOCATION '{src}' AS SELECT value FROM \
+                 STREAM rate_micro_batch(rowsPerBatch => 5)"
+            ),
+        );
+        assert!(ok, "{err}");
+    };
+    add_rows("2");
+    let delta_sql = format!(
+        "CREATE STREAMING TABLE c USING delta LOCATION '{}' OPTIONS (outputMode 'complete') AS \
+         SELECT value % 3 AS k, count(*) AS n FROM STREAM delta(path => '{src}') GROUP BY \
+         value % 3",
+        work.path().join("out").display()
+    );
+    let rate_sql = format!(
+        "CREATE STREAMING TABLE r USING delta LOCATION '{}' AS SELECT value FROM STREAM \
+         rate(rowsPerSecond => 50)",
+        work.path().join("rate-out").display()
+    );
+    let delta = Setup {
+        work,
+        base,
+        sql: delta_sql,
+    };
+    let (ok, err) = delta.run();
+    assert!(ok, "{err}");
+    assert_eq!(delta.counts(), ["0,4", "1,3", "2,3"]);
+    let rate_ck = delta.work.path().join("rate-ck").display().to_string();
+    let (ok, err) = weir_run(&["--checkpoint", &rate_ck, "--max-batches", "2"], &rate_sql);
+    assert!(ok, "{err}");
+    for d in ["ck", "out", "rate-ck"] {
+        copy_dir(&delta.work.path().join(d), &delta.base.path().join(d));
+    }
+    // Five more rows in the table: 0..15 in all.
+    add_rows("1");
+
+    let mut refused = 0;
+    for (ck, file) in [("ck", "sources/0/initial"), ("rate-ck", "sources/0/0")] {
+        for how in [
+            Truncated,
+            CutAtLine,
+            Garbled(2),
+            Garbled(5),
+            Garbled(8),
+            Deleted,
+            Newer,
+        ] {
+            let case = format!("{ck}/{file} {how:?}");
+            delta.restore();
+            let _ = std::fs::remove_dir_all(delta.work.path().join("rate-ck"));
+            copy_dir(
+                &delta.base.path().join("rate-ck"),
+                &delta.work.path().join("rate-ck"),
+            );
+            let dir = delta.work.path().join(ck);
+            damage(&dir.join(file), how);
+            let damaged = contents(&dir);
+            let (ok, err) = if ck == "ck" {
+                delta.run()
+            } else {
+                weir_run(&["--checkpoint", &rate_ck, "--max-batches", "1"], &rate_sql)
+            };
+            assert!(!err.contains("panicked"), "{case}: {err}");
+            if how == Deleted {
+                assert!(ok, "{case}: {err}");
+                assert!(dir.join(file).exists(), "{case}: not written again");
+                if ck == "ck" {
+                    assert_eq!(delta.counts(), ["0,5", "1,5", "2,5"], "{case}");
+                }
+                continue;
+            }
+            assert!(!ok, "{case} was not refused");
+            assert!(
+                err.contains("CHECKPOINT_FILE_CORRUPT") && err.contains(file),
+                "{case}: {err}"
+            );
+            assert!(
+                err.to_lowercase().contains("restore") && err.contains("new checkpoint location"),
+                "{case}: no recovery options: {err}"
+            );
+            let after = contents(&dir);
+            for (rel, bytes) in damaged.iter().filter(|(rel, _)| rel != ".weir-lock") {
+                assert!(
+                    after.iter().any(|(r, b)| r == rel && b == bytes),
+                    "{case}: {rel} was changed"
+                );
+            }
+            refused += 1;
+        }
+    }
+    assert_eq!(refused, 12);
+}

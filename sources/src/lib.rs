@@ -15,6 +15,7 @@ mod error;
 pub mod files;
 #[cfg(feature = "kafka")]
 pub mod kafka;
+mod kept;
 mod memory;
 mod offset;
 mod rate;

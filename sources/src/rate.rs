@@ -10,9 +10,9 @@ use arrow::array::{Int64Array, TimestampMicrosecondArray};
 use arrow::datatypes::{DataType, Field, Schema, SchemaRef, TimeUnit};
 use arrow::record_batch::RecordBatch;
 use async_trait::async_trait;
-use bytes::Bytes;
 use weir_common::{ClassifiedError, Options};
 
+use crate::kept::KeptFile;
 use crate::{
     Error, MicroBatchStream, Offset, Partitions, ReadLimit, Result, SourceContext, SourceProvider,
 };
@@ -134,46 +134,29 @@ impl SourceProvider for RateSourceProvider {
     }
 }
 
-/// The rate source remembers when the query first started (`sources/<i>/0`, `v1` then the
-/// epoch milliseconds), so a restarted query continues the same sequence of values and
-/// timestamps.
+/// The rate source remembers when the query first started (`sources/<i>/0`, a kept file
+/// holding the epoch milliseconds), so a restarted query continues the same sequence of values
+/// and timestamps.
 async fn read_or_write_start_time(ctx: &SourceContext) -> Result<i64> {
-    let corrupt = |why: &str| {
-        Error::Corrupt(format!(
-            "The rate source's start-time file '{}/0' in the checkpoint {why}. Restore it, or \
-             start the query with a new checkpoint location.",
-            ctx.metadata.display()
-        ))
+    let kept = KeptFile {
+        dir: &ctx.metadata,
+        name: "0",
+        what: "The rate source's start time",
     };
-    let parse = |bytes: &[u8]| -> Result<i64> {
-        let text = std::str::from_utf8(bytes).map_err(|_| corrupt("is not text"))?;
-        let mut lines = text.lines();
-        match lines.next() {
-            Some("v1") => {}
-            Some(v) if v.starts_with('v') => {
-                return Err(corrupt(&format!(
-                    "has format version '{v}', newer than this weir understands (v1)"
-                )));
-            }
-            _ => return Err(corrupt("has no version header")),
-        }
-        lines
-            .next()
-            .and_then(|l| l.trim().parse().ok())
-            .ok_or_else(|| corrupt("does not hold a start time"))
+    let parse = |body: String| -> Result<i64> {
+        body.trim().parse().map_err(|_| {
+            Error::Corrupt(format!(
+                "The rate source's start time '{}/0' in the checkpoint does not hold a time \
+                 ('{body}'). Restore it, or use a new checkpoint location.",
+                ctx.metadata.display()
+            ))
+        })
     };
-    if let Some(bytes) = ctx.metadata.get("0").await? {
-        return parse(&bytes);
+    if let Some(body) = kept.read().await? {
+        return parse(body);
     }
-    let now = now_ms();
-    ctx.metadata
-        .put_if_absent("0", Bytes::from(format!("v1\n{now}")))
-        .await?;
-    // Read back: if another writer won the race, its time is the one that counts.
-    match ctx.metadata.get("0").await? {
-        Some(bytes) => parse(&bytes),
-        None => Err(corrupt("vanished right after it was written")),
-    }
+    // If another run wrote it first, its time is the one that counts.
+    parse(kept.keep(now_ms().to_string()).await?)
 }
 
 pub(crate) fn now_ms() -> i64 {
@@ -371,7 +354,7 @@ mod tests {
         .unwrap();
         let mut s = def.open(ctx.clone()).await.unwrap();
         let start_file = std::fs::read_to_string(dir.path().join("0")).unwrap();
-        let start_ms: i64 = start_file.strip_prefix("v1\n").unwrap().parse().unwrap();
+        let start_ms: i64 = start_file.lines().nth(1).unwrap().parse().unwrap();
         let parts = s
             .get_batch(&Offset::long(1), &Offset::long(3))
             .await

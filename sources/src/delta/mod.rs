@@ -35,10 +35,10 @@ use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 use serde::{Deserialize, Serialize};
 use url::Url;
 use weir_common::delta::{self as common, table_url};
-use weir_common::location::Created;
 use weir_common::{ClassifiedError, Location, Options};
 
 use crate::files::{conform, failed_read};
+use crate::kept::KeptFile;
 use crate::{
     Error, MicroBatchStream, Offset, Partitions, ReadLimit, Result, SourceContext, SourceProvider,
 };
@@ -398,8 +398,13 @@ impl DeltaStream {
                 ))
             })
         };
-        if let Some(bytes) = dir.get("initial").await? {
-            return parse(&bytes);
+        let kept = KeptFile {
+            dir,
+            name: "initial",
+            what: "The Delta source's starting position",
+        };
+        if let Some(body) = kept.read().await? {
+            return parse(body.as_bytes());
         }
         let latest = self.refresh_latest().await?;
         let at = match self.options.starting {
@@ -424,13 +429,9 @@ impl DeltaStream {
                 snapshot: false,
             },
         };
-        let text = serde_json::to_vec(&at).map_err(|e| Error::Corrupt(e.to_string()))?;
-        if dir.put_if_absent("initial", text.into()).await? == Created::AlreadyExisted
-            && let Some(bytes) = dir.get("initial").await?
-        {
-            return parse(&bytes);
-        }
-        Ok(at)
+        let text = serde_json::to_string(&at).map_err(|e| Error::Corrupt(e.to_string()))?;
+        // Another run may have resolved it first: theirs counts.
+        parse(kept.keep(text).await?.as_bytes())
     }
 
     /// The first version whose commit file was written at or after `ms`, or the one after the

@@ -26,8 +26,9 @@ use rdkafka::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::KafkaError;
 use rdkafka::topic_partition_list::{Offset as KafkaOffset, TopicPartitionList};
-use weir_common::{ClassifiedError, Created, Location, Options};
+use weir_common::{ClassifiedError, Location, Options};
 
+use crate::kept::KeptFile;
 use crate::{
     Error, MicroBatchStream, Offset, Partitions, ReadLimit, Result, SourceContext, SourceProvider,
 };
@@ -478,8 +479,14 @@ impl KafkaStream {
 
     /// The starting offsets: resolved once and kept in the source's checkpoint folder.
     async fn initial_offsets(&self, dir: &Location) -> Result<PartitionOffsets> {
-        if let Some(bytes) = dir.get("initial").await? {
-            return parse_offsets(&bytes, &format!("{}/initial", dir.display()));
+        let kept = KeptFile {
+            dir,
+            name: "initial",
+            what: "The Kafka source's starting offsets",
+        };
+        let file = format!("{}/initial", dir.display());
+        if let Some(body) = kept.read().await? {
+            return parse_offsets(body.as_bytes(), &file);
         }
         let parts = self.partitions().await?;
         let mut initial = PartitionOffsets::new();
@@ -515,15 +522,10 @@ impl KafkaStream {
                 }
             }
         }
-        let text = serde_json::to_vec(&initial)
+        let text = serde_json::to_string(&initial)
             .map_err(|e| Error::Corrupt(format!("cannot serialize offsets: {e}")))?;
-        if dir.put_if_absent("initial", text.into()).await? == Created::AlreadyExisted {
-            // Another run resolved them first: use theirs.
-            if let Some(bytes) = dir.get("initial").await? {
-                return parse_offsets(&bytes, &format!("{}/initial", dir.display()));
-            }
-        }
-        Ok(initial)
+        // Another run may have resolved them first: theirs count.
+        parse_offsets(kept.keep(text).await?.as_bytes(), &file)
     }
 
     async fn offsets_for_time(
