@@ -150,6 +150,26 @@ fn validate_accepts_the_same_query_and_a_new_filter_and_writes_nothing() {
     let text = String::from_utf8_lossy(&text.stdout);
     assert!(text.contains("verdict     ACCEPTED"), "{text}");
     assert!(text.contains("[0] same     aggregate"), "{text}");
+
+    // A renamed output column keeps the state but no longer fits the Delta table, which the
+    // sink would refuse when it opens.
+    let renamed = aggregation_sql(
+        dir.path(),
+        "out",
+        RATE,
+        "value % 3 AS key, count(*) AS n",
+        "GROUP BY value % 3",
+    );
+    let table = files(&dir.path().join("out"));
+    let (ok, r) = validate(dir.path(), &ck, &renamed);
+    assert!(!ok);
+    assert_eq!(classes(&r), ["DELTA_METADATA_MISMATCH"], "{r:#}");
+    assert_eq!(r["operators"][0]["change"], "same");
+    assert_eq!(
+        files(&dir.path().join("out")),
+        table,
+        "the table is untouched"
+    );
     assert_eq!(
         files(&dir.path().join("ck")),
         before,

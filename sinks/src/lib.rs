@@ -103,6 +103,13 @@ pub trait Sink: Debug + Send + Sync {
         Ok(())
     }
 
+    /// The checks [`Sink::open`] makes that write nothing (a Delta table's schema and
+    /// partitioning against the query's output), for `weir checkpoint validate`. Checks that
+    /// act on the target (fencing a transactional Kafka producer) are left to `open`.
+    async fn check(&self) -> Result<()> {
+        Ok(())
+    }
+
     /// Removes everything the sink has written, for a full refresh of its query's checkpoint
     /// (`weir checkpoint reset --full`). Sinks whose output weir cannot take back refuse.
     async fn clear_output(&self) -> Result<()> {

@@ -54,6 +54,10 @@ impl DataStreamWriter {
             problems.push(e);
         }
 
+        // What the sink checks when it opens, as far as that writes nothing.
+        if let Err(e) = planned.sink.check().await {
+            problems.push(e.into());
+        }
         if let Err(e) = checkpoint.check_resets_done(&resets) {
             problems.push(e);
         }

@@ -289,6 +289,21 @@ impl Sink for DeltaSink {
         Ok(())
     }
 
+    async fn check(&self) -> Result<()> {
+        // A table not made yet is made to fit by `open`.
+        if let Ok(url) = table_url(&self.options.path, false)
+            && let Ok(dir) = url.to_file_path()
+            && !dir.join("_delta_log").exists()
+        {
+            return Ok(());
+        }
+        let table = delta::open(&self.url, &self.options.storage).await?;
+        if table.version().is_none() {
+            return Ok(());
+        }
+        self.check_fits(&table, &self.kernel_schema()?)
+    }
+
     async fn add_batch(
         &self,
         batch_id: u64,
