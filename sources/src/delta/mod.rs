@@ -241,6 +241,19 @@ impl SourceProvider for DeltaSourceProvider {
         Arc::clone(&self.schema)
     }
 
+    fn start_difference(&self, derived: &Offset, chosen: &Offset) -> Option<String> {
+        let position = |o: &Offset| {
+            serde_json::from_value::<DeltaSourceOffset>(o.0.clone())
+                .ok()
+                .map(|o| Position {
+                    version: o.reservoir_version,
+                    index: o.index,
+                    snapshot: o.is_starting_version,
+                })
+        };
+        start_difference(position(derived)?, position(chosen)?)
+    }
+
     async fn open(&self, ctx: SourceContext) -> Result<Box<dyn MicroBatchStream>> {
         let table = common::open(&self.url, &self.options.storage).await?;
         table_schema(&table, &self.url)?;
@@ -282,6 +295,54 @@ impl SourceProvider for DeltaSourceProvider {
         };
         stream.initial = stream.initial_position(&ctx.metadata).await?;
         Ok(Box::new(stream))
+    }
+}
+
+/// How starting at `chosen` (a starting position: index -1) instead of where the query was,
+/// `derived`, reads commits twice or never, in words; `None` when it does neither. A position
+/// covers every file up to its index of its version's list (the snapshot at that version, or
+/// the files the commit added).
+fn start_difference(derived: Position, chosen: Position) -> Option<String> {
+    if derived == chosen {
+        return None;
+    }
+    // The last version whose rows the query has read (all or some), if any.
+    let read_through = if derived.snapshot || derived.index >= 0 {
+        Some(derived.version)
+    } else {
+        derived.version.checked_sub(1)
+    };
+    let was = match (derived.snapshot, derived.index) {
+        (true, i) => format!("file {i} of the snapshot at version {}", derived.version),
+        (false, -1) => format!("the start of commit {}", derived.version),
+        (false, i) => format!("file {i} of commit {}", derived.version),
+    };
+    if chosen.snapshot {
+        return Some(match read_through {
+            Some(_) => format!(
+                "overlaps: reads the table as of version {} again, as a snapshot, though the \
+                 query had read up to {was}",
+                chosen.version
+            ),
+            None if chosen.version > 0 => format!(
+                "reads the table as of version {} as a snapshot, not as the changes of \
+                 commits {}..={}",
+                chosen.version, derived.version, chosen.version
+            ),
+            None => return None,
+        });
+    }
+    let next = read_through.map_or(0, |v| v + 1);
+    match chosen.version {
+        c if c < next => Some(format!(
+            "overlaps: reads again what commits {c}..={} added (the query had read up to {was})",
+            next - 1
+        )),
+        c if c > next => Some(format!(
+            "leaves a gap: never reads commits {next}..={} (the query had read up to {was})",
+            c - 1
+        )),
+        _ => None,
     }
 }
 
@@ -873,6 +934,38 @@ impl MicroBatchStream for DeltaStream {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_starting_version_before_or_after_the_read_commits_is_an_overlap_or_a_gap() {
+        let at = |version, index, snapshot| Position {
+            version,
+            index,
+            snapshot,
+        };
+        // The query read commit 5 up to its file 2.
+        let derived = at(5, 2, false);
+        let diff = |chosen| start_difference(derived, chosen).unwrap_or_default();
+        assert!(diff(at(3, -1, false)).starts_with("overlaps: reads again what commits 3..=5"));
+        assert!(diff(at(5, -1, false)).starts_with("overlaps: reads again what commits 5..=5"));
+        assert_eq!(start_difference(derived, at(6, -1, false)), None);
+        assert!(diff(at(9, -1, false)).starts_with("leaves a gap: never reads commits 6..=8"));
+        assert!(diff(at(9, -1, true)).starts_with("overlaps: reads the table as of version 9"));
+        // The query had read a snapshot at 4 (its rows hold commits 0..=4).
+        let snap = at(4, 7, true);
+        assert!(
+            start_difference(snap, at(2, -1, false))
+                .unwrap()
+                .starts_with("overlaps: reads again what commits 2..=4")
+        );
+        assert_eq!(start_difference(snap, at(5, -1, false)), None);
+        // Nothing read yet: starting later skips commits.
+        assert!(
+            start_difference(at(0, -1, false), at(2, -1, false))
+                .unwrap()
+                .starts_with("leaves a gap: never reads commits 0..=1")
+        );
+        assert_eq!(start_difference(derived, derived), None);
+    }
 
     fn parse(pairs: &[(&str, &str)]) -> Result<DeltaSourceOptions> {
         let mut o = Options::new().with("path", "/t");

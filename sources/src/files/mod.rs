@@ -375,6 +375,23 @@ impl SourceProvider for FileSourceProvider {
         Arc::clone(&self.schema)
     }
 
+    /// A file source started from its starting position has no log of the files it read, so
+    /// every file its options select is new to it.
+    fn start_difference(&self, derived: &Offset, chosen: &Offset) -> Option<String> {
+        let (d, c) = (
+            FileOffset::from(derived).ok()?,
+            FileOffset::from(chosen).ok()?,
+        );
+        (d.log_offset > c.log_offset).then(|| {
+            format!(
+                "overlaps: reads again every file of its {} earlier batches that its options \
+                 still select (the record of the files it read is dropped; modifiedAfter or \
+                 maxFileAge keep old files out)",
+                d.log_offset - c.log_offset
+            )
+        })
+    }
+
     async fn open(&self, ctx: SourceContext) -> Result<Box<dyn MicroBatchStream>> {
         self.check_recorded_schema(&ctx.metadata).await?;
         let listing = Arc::new(Listing::new(&self.options)?);

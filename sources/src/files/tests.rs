@@ -588,3 +588,16 @@ fn a_schema_location_keeps_the_first_inferred_schema_for_later_runs() {
     assert_eq!(err.error_class(), "CHECKPOINT_FILE_CORRUPT");
     assert!(err.to_string().contains("_schemas/0"), "{err}");
 }
+
+#[test]
+fn a_restart_from_the_starting_position_warns_that_earlier_files_may_be_read_again() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = source("json", dir.path(), &[("schema", "a BIGINT")]).unwrap();
+    let at = |n: i64| Offset(serde_json::json!({ "logOffset": n }));
+    let warning = src.start_difference(&at(4), &at(-1)).unwrap();
+    assert!(
+        warning.starts_with("overlaps: reads again every file of its 5 earlier batches"),
+        "{warning}"
+    );
+    assert_eq!(src.start_difference(&at(-1), &at(-1)), None);
+}
