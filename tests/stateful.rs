@@ -1822,3 +1822,52 @@ async fn session_windows_equal_batch_sessions_of_the_same_rows_on_rocksdb() {
 async fn session_windows_equal_batch_sessions_of_the_same_rows_in_memory() {
     session_windows_equal_batch_sessions(StateBackend::Memory).await;
 }
+
+/// `read_state` over a checkpoint whose state is in memory reads the running query's state, in
+/// the session running it; a version the memory store no longer keeps, or a stopped query's
+/// state, is refused.
+#[tokio::test]
+async fn read_state_reads_a_running_querys_in_memory_state() {
+    let t = setup();
+    let ck = tempfile::tempdir().unwrap();
+    let q = t
+        .start(COUNTS, OutputMode::Update, ck.path(), StateBackend::Memory)
+        .await
+        .unwrap();
+    for batch in [
+        &[(1, Some(10)), (2, Some(5))][..],
+        &[(1, Some(1))],
+        &[(3, None)],
+    ] {
+        t.stream.push(rows(batch)).unwrap();
+        q.process_all_available().await.unwrap();
+    }
+    let dir = ck.path().display().to_string();
+    let read = |extra: &'static str| {
+        let sql = format!(
+            "SELECT key['k'] AS k, value['count(Int64(1))[count]'] AS n FROM read_state('{dir}', \
+             operatorId => 0{extra}) ORDER BY k"
+        );
+        let session = &t.session;
+        async move {
+            match session.context().sql(&sql).await {
+                Ok(df) => df.collect().await.map(|b| table(&b)),
+                Err(e) => Err(e),
+            }
+        }
+    };
+    assert_eq!(
+        read("").await.unwrap(),
+        strs(&[&["1", "2"], &["2", "1"], &["3", "1"]])
+    );
+    // The state after batch 1, still kept, had no key 3.
+    assert_eq!(
+        read(", batchId => 1").await.unwrap(),
+        strs(&[&["1", "2"], &["2", "1"]])
+    );
+    let err = read(", batchId => 0").await.unwrap_err().to_string();
+    assert!(err.contains("STDS_COMMITTED_BATCH_UNAVAILABLE"), "{err}");
+    q.stop().await;
+    let err = read("").await.unwrap_err().to_string();
+    assert!(err.contains("STATE_STORE_NOT_DURABLE"), "{err}");
+}

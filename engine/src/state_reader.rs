@@ -32,7 +32,29 @@ use weir_common::{ClassifiedError, Location};
 
 use crate::checkpoint::Checkpoint;
 use crate::checkpoint::inspect::inspect;
-use crate::stateful::OperatorInfo;
+use crate::stateful::{OperatorInfo, StateRun};
+
+/// The state of a session's queries that keep it in memory, by checkpoint location: nothing of
+/// it is in the checkpoint, so `read_state` reads it from the running query, in its session.
+#[derive(Debug, Default)]
+pub(crate) struct LiveStates(std::sync::Mutex<Vec<(String, std::sync::Weak<StateRun>)>>);
+
+impl LiveStates {
+    /// Makes the state of the run of the query at `location` readable while the run lasts.
+    pub(crate) fn register(&self, location: String, run: &Arc<StateRun>) {
+        if let Ok(mut runs) = self.0.lock() {
+            runs.retain(|(l, r)| r.strong_count() > 0 && *l != location);
+            runs.push((location, Arc::downgrade(run)));
+        }
+    }
+
+    fn find(&self, location: &str) -> Option<std::sync::Weak<StateRun>> {
+        let runs = self.0.lock().ok()?;
+        runs.iter()
+            .find(|(l, r)| l == location && r.strong_count() > 0)
+            .map(|(_, r)| r.clone())
+    }
+}
 
 fn user(e: impl Into<ClassifiedError>) -> DataFusionError {
     DataFusionError::External(Box::new(e.into()))
@@ -158,11 +180,21 @@ struct StateTable {
     store: String,
     batch: u64,
     schema: SchemaRef,
+    /// The running query's state, when it is kept in memory.
+    live: Option<std::sync::Weak<StateRun>>,
 }
 
 /// Plans `read_state(...)`, whose named arguments DataFusion's table functions do not take.
-#[derive(Debug, Default)]
-pub struct StateReaderPlanner;
+#[derive(Debug)]
+pub(crate) struct StateReaderPlanner {
+    live: Arc<LiveStates>,
+}
+
+impl StateReaderPlanner {
+    pub(crate) fn new(live: Arc<LiveStates>) -> Self {
+        Self { live }
+    }
+}
 
 fn invalid(message: impl Into<String>) -> DataFusionError {
     user(ClassifiedError::new(
@@ -280,7 +312,8 @@ impl RelationPlanner for StateReaderPlanner {
             return Ok(RelationPlanning::Original(Box::new(relation)));
         }
         let args = read_state_args(&args.args)?;
-        let table = weir_common::block_on(StateTable::try_new(args)).map_err(user)??;
+        let table =
+            weir_common::block_on(StateTable::try_new(args, &self.live)).map_err(user)??;
         let plan =
             LogicalPlanBuilder::scan("read_state", provider_as_source(Arc::new(table)), None)?
                 .build()?;
@@ -291,13 +324,27 @@ impl RelationPlanner for StateReaderPlanner {
     }
 }
 
+/// A checkpoint whose state was kept in memory by a query not running in this session.
+fn not_durable(dir: &str) -> DataFusionError {
+    user(ClassifiedError::new(
+        "STATE_STORE_NOT_DURABLE",
+        "0A000",
+        format!(
+            "The checkpoint '{dir}' keeps its state in memory (stateStore 'memory'), and no \
+             query of this session is running on it, so there is no state to read. Read it \
+             while the query runs, in the session running it, or run the query with the \
+             rocksdb state store to keep its state in the checkpoint."
+        ),
+    ))
+}
+
 fn engine_err(e: crate::Error) -> DataFusionError {
     DataFusionError::External(Box::new(e))
 }
 
 impl StateTable {
     /// Reads what the checkpoint says of the operator and the batch, checking both.
-    async fn try_new(args: ReadStateArgs) -> Result<Self> {
+    async fn try_new(args: ReadStateArgs, live: &LiveStates) -> Result<Self> {
         let ReadStateArgs {
             dir,
             operator,
@@ -409,17 +456,13 @@ impl StateTable {
                 .cloned(),
             Err(_) => None,
         };
-        if logged_store.as_deref() == Some("memory") {
-            return Err(user(ClassifiedError::new(
-                "STATE_STORE_NOT_DURABLE",
-                "0A000",
-                format!(
-                    "The checkpoint '{dir}' kept its state in memory (stateStore 'memory'), \
-                     which leaves nothing in the checkpoint to read. Run the query with the \
-                     rocksdb state store to read its state."
-                ),
-            )));
-        }
+        let live = match logged_store.as_deref() {
+            Some("memory") => Some(
+                live.find(&ck.location().display().to_string())
+                    .ok_or_else(|| not_durable(&dir))?,
+            ),
+            _ => None,
+        };
         let readable = matches!(
             (op.operator_name.as_str(), store.as_str()),
             ("aggregate" | "dedupe" | "dedupeWithinWatermark", _)
@@ -468,11 +511,35 @@ impl StateTable {
             store,
             batch,
             schema,
+            live,
         })
     }
 
     /// Opens the operator's stores at the state after the batch and decodes their entries.
     async fn rows(&self) -> Result<RecordBatch> {
+        if let Some(live) = &self.live {
+            let run = live.upgrade().ok_or_else(|| not_durable(&self.dir))?;
+            // A memory store keeps the newest versions only (two).
+            let entries = read_entries(
+                run.provider.as_ref(),
+                &self.operator,
+                &self.store,
+                self.batch,
+            )
+            .map_err(|_| {
+                user(ClassifiedError::new(
+                    "STDS_COMMITTED_BATCH_UNAVAILABLE",
+                    "KD006",
+                    format!(
+                        "The state after batch {} of the query at '{}' is no longer in \
+                             memory: a memory state store keeps the last two versions. Read the \
+                             last committed batch (leave batchId out).",
+                        self.batch, self.dir
+                    ),
+                ))
+            })?;
+            return decode(&self.operator, &self.schema, entries);
+        }
         let location = Location::parse_existing_with(&self.dir, std::iter::empty::<(&str, &str)>())
             .map_err(user)?;
         let ck = Checkpoint::open_read_only(location)

@@ -95,6 +95,8 @@ pub(crate) struct SessionInner {
     pub(crate) declared: Mutex<BTreeMap<String, weir_planner::statement::CreateStreamingTable>>,
     /// The state store queries started in this session use unless they say otherwise.
     state_backend: RwLock<StateBackend>,
+    /// The in-memory state of this session's running queries, for `read_state`.
+    live_states: Arc<crate::state_reader::LiveStates>,
 }
 
 impl std::fmt::Debug for SessionInner {
@@ -156,9 +158,12 @@ impl WeirSession {
             let _ = ctx.register_relation_planner(Arc::new(StreamRelationPlanner::new(
                 Arc::clone(&catalog),
             )));
-            let _ =
-                ctx.register_relation_planner(Arc::new(crate::state_reader::StateReaderPlanner));
+            let live_states = Arc::new(crate::state_reader::LiveStates::default());
+            let _ = ctx.register_relation_planner(Arc::new(
+                crate::state_reader::StateReaderPlanner::new(Arc::clone(&live_states)),
+            ));
             SessionInner {
+                live_states,
                 ctx,
                 catalog,
                 sinks: RwLock::new(SinkRegistry::with_builtins()),
@@ -907,6 +912,11 @@ impl DataStreamWriter {
             }
             check_state_durable(backend.name(), committed)?;
             conf.insert(STATE_STORE.to_string(), backend.name().to_string());
+            if matches!(backend, StateBackend::Memory) {
+                inner
+                    .live_states
+                    .register(checkpoint.location().display().to_string(), &run);
+            }
             Some((run, operators))
         } else {
             None
