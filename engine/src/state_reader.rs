@@ -458,7 +458,7 @@ impl StateTable {
         };
         let live = match logged_store.as_deref() {
             Some("memory") => Some(
-                live.find(&ck.location().display().to_string())
+                live.find(ck.location().display())
                     .ok_or_else(|| not_durable(&dir))?,
             ),
             _ => None,
