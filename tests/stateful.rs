@@ -1842,7 +1842,8 @@ async fn read_state_reads_a_running_querys_in_memory_state() {
         t.stream.push(rows(batch)).unwrap();
         q.process_all_available().await.unwrap();
     }
-    let dir = ck.path().display().to_string();
+    // Spelled otherwise than the query's checkpoint location: the query is found by its ID.
+    let dir = format!("{}/", ck.path().display());
     let read = |extra: &'static str| {
         let sql = format!(
             "SELECT key['k'] AS k, value['count(Int64(1))[count]'] AS n FROM read_state('{dir}', \

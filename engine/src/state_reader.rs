@@ -34,24 +34,25 @@ use crate::checkpoint::Checkpoint;
 use crate::checkpoint::inspect::inspect;
 use crate::stateful::{OperatorInfo, StateRun};
 
-/// The state of a session's queries that keep it in memory, by checkpoint location: nothing of
-/// it is in the checkpoint, so `read_state` reads it from the running query, in its session.
+/// The state of a session's queries that keep it in memory, by query ID (the checkpoint's):
+/// nothing of it is in the checkpoint, so `read_state` reads it from the running query, in its
+/// session.
 #[derive(Debug, Default)]
-pub(crate) struct LiveStates(std::sync::Mutex<Vec<(String, std::sync::Weak<StateRun>)>>);
+pub(crate) struct LiveStates(std::sync::Mutex<Vec<(uuid::Uuid, std::sync::Weak<StateRun>)>>);
 
 impl LiveStates {
-    /// Makes the state of the run of the query at `location` readable while the run lasts.
-    pub(crate) fn register(&self, location: String, run: &Arc<StateRun>) {
+    /// Makes the state of the run of query `id` readable while the run lasts.
+    pub(crate) fn register(&self, id: uuid::Uuid, run: &Arc<StateRun>) {
         if let Ok(mut runs) = self.0.lock() {
-            runs.retain(|(l, r)| r.strong_count() > 0 && *l != location);
-            runs.push((location, Arc::downgrade(run)));
+            runs.retain(|(q, r)| r.strong_count() > 0 && *q != id);
+            runs.push((id, Arc::downgrade(run)));
         }
     }
 
-    fn find(&self, location: &str) -> Option<std::sync::Weak<StateRun>> {
+    fn find(&self, id: uuid::Uuid) -> Option<std::sync::Weak<StateRun>> {
         let runs = self.0.lock().ok()?;
         runs.iter()
-            .find(|(l, r)| l == location && r.strong_count() > 0)
+            .find(|(q, r)| *q == id && r.strong_count() > 0)
             .map(|(_, r)| r.clone())
     }
 }
@@ -179,6 +180,8 @@ struct StateTable {
     operator: OperatorInfo,
     store: String,
     batch: u64,
+    /// Whether the batch was asked for, rather than the last committed one.
+    batch_given: bool,
     schema: SchemaRef,
     /// The running query's state, when it is kept in memory.
     live: Option<std::sync::Weak<StateRun>>,
@@ -412,11 +415,8 @@ impl StateTable {
                 op.store_names.join(", ")
             )));
         }
-        let last = match ck.resume_point().await.map_err(engine_err)? {
-            crate::checkpoint::Resume::Fresh => None,
-            crate::checkpoint::Resume::After { last } => Some(last),
-            crate::checkpoint::Resume::Replay { batch, .. } => batch.checked_sub(1),
-        };
+        let last = last_committed(&ck).await?;
+        let batch_given = batch.is_some();
         let batch = match (batch, last) {
             (Some(b), Some(l)) if b <= l => b,
             (None, Some(l)) => l,
@@ -457,10 +457,7 @@ impl StateTable {
             Err(_) => None,
         };
         let live = match logged_store.as_deref() {
-            Some("memory") => Some(
-                live.find(ck.location().display())
-                    .ok_or_else(|| not_durable(&dir))?,
-            ),
+            Some("memory") => Some(live.find(ck.id()).ok_or_else(|| not_durable(&dir))?),
             _ => None,
         };
         let readable = matches!(
@@ -510,6 +507,7 @@ impl StateTable {
             operator: op,
             store,
             batch,
+            batch_given,
             schema,
             live,
         })
@@ -519,24 +517,35 @@ impl StateTable {
     async fn rows(&self) -> Result<RecordBatch> {
         if let Some(live) = &self.live {
             let run = live.upgrade().ok_or_else(|| not_durable(&self.dir))?;
+            // The query goes on meanwhile: the last committed batch is the one now.
+            let batch = match self.batch_given {
+                true => self.batch,
+                false => {
+                    let location = Location::parse_existing_with(
+                        &self.dir,
+                        std::iter::empty::<(&str, &str)>(),
+                    )
+                    .map_err(user)?;
+                    let ck = Checkpoint::open_read_only(location)
+                        .await
+                        .map_err(engine_err)?;
+                    last_committed(&ck).await?.unwrap_or(self.batch)
+                }
+            };
             // A memory store keeps the newest versions only (two).
-            let entries = read_entries(
-                run.provider.as_ref(),
-                &self.operator,
-                &self.store,
-                self.batch,
-            )
-            .map_err(|_| {
-                user(ClassifiedError::new(
+            let entries = read_entries(run.provider.as_ref(), &self.operator, &self.store, batch)
+                .map_err(|e| match e {
+                weir_state::Error::VersionNotFound { .. } => user(ClassifiedError::new(
                     "STDS_COMMITTED_BATCH_UNAVAILABLE",
                     "KD006",
                     format!(
-                        "The state after batch {} of the query at '{}' is no longer in \
-                             memory: a memory state store keeps the last two versions. Read the \
-                             last committed batch (leave batchId out).",
-                        self.batch, self.dir
+                        "The state after batch {batch} of the query at '{}' is no \
+                                 longer in memory: a memory state store keeps the last two \
+                                 versions. Read the last committed batch (leave batchId out).",
+                        self.dir
                     ),
-                ))
+                )),
+                e => user(ClassifiedError::from(e)),
             })?;
             return decode(&self.operator, &self.schema, entries);
         }
@@ -566,7 +575,7 @@ impl StateTable {
         let scratch_for_db = scratch.join("db");
         let entries = tokio::task::spawn_blocking(move || {
             let provider = weir_state::RocksDbStateStoreProvider::new(state_dir, scratch_for_db);
-            read_entries(&provider, &op, &store, batch)
+            read_entries(&provider, &op, &store, batch).map_err(|e| user(ClassifiedError::from(e)))
         })
         .await
         .map_err(|e| DataFusionError::External(Box::new(e)));
@@ -585,19 +594,23 @@ fn read_entries(
     op: &OperatorInfo,
     store: &str,
     batch: u64,
-) -> Result<Vec<PartitionEntries>> {
+) -> weir_state::Result<Vec<PartitionEntries>> {
     let mut out = vec![];
     for partition in 0..op.num_partitions as u32 {
         let id = weir_state::StoreId::new(op.state_id(), partition, store);
-        let s = provider
-            .open(&id, op.state_version(batch + 1))
-            .map_err(|e| user(ClassifiedError::from(e)))?;
-        let entries = s
-            .scan(&weir_state::KeyRange::all())
-            .map_err(|e| user(ClassifiedError::from(e)))?;
-        out.push((partition, entries));
+        let s = provider.open(&id, op.state_version(batch + 1))?;
+        out.push((partition, s.scan(&weir_state::KeyRange::all())?));
     }
     Ok(out)
+}
+
+/// The checkpoint's last committed batch, if any.
+async fn last_committed(ck: &Checkpoint) -> Result<Option<u64>> {
+    Ok(match ck.resume_point().await.map_err(engine_err)? {
+        crate::checkpoint::Resume::Fresh => None,
+        crate::checkpoint::Resume::After { last } => Some(last),
+        crate::checkpoint::Resume::Replay { batch, .. } => batch.checked_sub(1),
+    })
 }
 
 /// The entries as rows of `schema`: keys and values decoded with the operator's schemas.

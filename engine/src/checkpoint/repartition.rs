@@ -293,7 +293,19 @@ fn rewrite(
                 let targets = new_partitions(op, &keys, partitions)?;
                 let mut buckets = vec![BTreeMap::new(); partitions];
                 for ((k, v), q) in entries.into_iter().zip(targets) {
-                    buckets[q].insert(k, v);
+                    // A key lives in one partition: in two, one would be lost here.
+                    if buckets[q].insert(k, v).is_some() {
+                        return Err(Error::user(
+                            "STATE_STORE_FILE_CORRUPT",
+                            "XX001",
+                            format!(
+                                "A key of the store {store} of operator {} is in two of its \
+                                 partitions; its state is damaged. Restore the checkpoint's \
+                                 state/ folder from a backup.",
+                                op.operator_id
+                            ),
+                        ));
+                    }
                 }
                 buckets
             };

@@ -913,9 +913,7 @@ impl DataStreamWriter {
             check_state_durable(backend.name(), committed)?;
             conf.insert(STATE_STORE.to_string(), backend.name().to_string());
             if matches!(backend, StateBackend::Memory) {
-                inner
-                    .live_states
-                    .register(checkpoint.location().display().to_string(), &run);
+                inner.live_states.register(checkpoint.id(), &run);
             }
             Some((run, operators))
         } else {

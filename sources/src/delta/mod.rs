@@ -306,43 +306,59 @@ fn start_difference(derived: Position, chosen: Position) -> Option<String> {
     if derived == chosen {
         return None;
     }
-    // The last version whose rows the query has read (all or some), if any.
-    let read_through = if derived.snapshot || derived.index >= 0 {
-        Some(derived.version)
-    } else {
-        derived.version.checked_sub(1)
+    let list = |p: Position| match p.snapshot {
+        true => format!("the snapshot at version {}", p.version),
+        false => format!("commit {}", p.version),
     };
-    let was = match (derived.snapshot, derived.index) {
-        (true, i) => format!("file {i} of the snapshot at version {}", derived.version),
-        (false, -1) => format!("the start of commit {}", derived.version),
-        (false, i) => format!("file {i} of commit {}", derived.version),
+    // A snapshot not read yet: the query would read every row up to its version.
+    if derived.snapshot && derived.index < 0 {
+        return match (chosen.snapshot, chosen.version) {
+            // Another snapshot holds the same rows up to its own version; changes follow.
+            (true, _) | (false, 0) => None,
+            (false, c) => Some(format!(
+                "leaves a gap: never reads the rows commits 0..={} added (the query had not \
+                 read {} yet)",
+                c - 1,
+                list(derived)
+            )),
+        };
+    }
+    let was = match derived.index {
+        -1 => format!("the start of {}", list(derived)),
+        i => format!("file {i} of {}", list(derived)),
     };
     if chosen.snapshot {
-        return Some(match read_through {
-            Some(_) => format!(
-                "overlaps: reads the table as of version {} again, as a snapshot, though the \
-                 query had read up to {was}",
-                chosen.version
-            ),
-            None if chosen.version > 0 => format!(
-                "reads the table as of version {} as a snapshot, not as the changes of \
-                 commits {}..={}",
-                chosen.version, derived.version, chosen.version
-            ),
-            None => return None,
-        });
+        return Some(format!(
+            "overlaps: reads the table as of version {} again, as a snapshot, though the query \
+             had read up to {was}",
+            chosen.version
+        ));
     }
+    // The last version whose rows the query has read (all or some), if any; a batch can end
+    // inside a version's list, whose other files a later start would then skip.
+    let (read_through, rest) = match derived.index {
+        -1 => (derived.version.checked_sub(1), None),
+        i => (
+            Some(derived.version),
+            Some(format!(
+                "the files of {} after its file {i}, if it has more",
+                list(derived)
+            )),
+        ),
+    };
     let next = read_through.map_or(0, |v| v + 1);
-    match chosen.version {
-        c if c < next => Some(format!(
+    match (chosen.version, rest) {
+        (c, _) if c < next => Some(format!(
             "overlaps: reads again what commits {c}..={} added (the query had read up to {was})",
             next - 1
         )),
-        c if c > next => Some(format!(
-            "leaves a gap: never reads commits {next}..={} (the query had read up to {was})",
-            c - 1
+        (c, rest) if c > next => Some(format!(
+            "leaves a gap: never reads commits {next}..={}{} (the query had read up to {was})",
+            c - 1,
+            rest.map(|r| format!(", nor {r}")).unwrap_or_default()
         )),
-        _ => None,
+        (_, Some(rest)) => Some(format!("may leave a gap: never reads {rest}")),
+        (_, None) => None,
     }
 }
 
@@ -942,26 +958,56 @@ mod tests {
             index,
             snapshot,
         };
+        let diff = |derived, chosen| start_difference(derived, chosen).unwrap_or_default();
         // The query read commit 5 up to its file 2.
         let derived = at(5, 2, false);
-        let diff = |chosen| start_difference(derived, chosen).unwrap_or_default();
-        assert!(diff(at(3, -1, false)).starts_with("overlaps: reads again what commits 3..=5"));
-        assert!(diff(at(5, -1, false)).starts_with("overlaps: reads again what commits 5..=5"));
-        assert_eq!(start_difference(derived, at(6, -1, false)), None);
-        assert!(diff(at(9, -1, false)).starts_with("leaves a gap: never reads commits 6..=8"));
-        assert!(diff(at(9, -1, true)).starts_with("overlaps: reads the table as of version 9"));
-        // The query had read a snapshot at 4 (its rows hold commits 0..=4).
+        assert!(
+            diff(derived, at(3, -1, false)).starts_with("overlaps: reads again what commits 3..=5")
+        );
+        assert!(
+            diff(derived, at(5, -1, false)).starts_with("overlaps: reads again what commits 5..=5")
+        );
+        // Commit 5 may have more files than the query read.
+        assert_eq!(
+            diff(derived, at(6, -1, false)),
+            "may leave a gap: never reads the files of commit 5 after its file 2, if it has more"
+        );
+        assert!(
+            diff(derived, at(9, -1, false))
+                .starts_with("leaves a gap: never reads commits 6..=8, nor the files of commit 5")
+        );
+        assert!(
+            diff(derived, at(9, -1, true)).starts_with("overlaps: reads the table as of version 9")
+        );
+        // At the start of commit 7: nothing of it read, so nothing of it is skipped.
+        assert!(
+            diff(at(7, -1, false), at(6, -1, false))
+                .starts_with("overlaps: reads again what commits 6..=6")
+        );
+        assert!(
+            diff(at(7, -1, false), at(8, -1, false))
+                .starts_with("leaves a gap: never reads commits 7..=7 (")
+        );
+        // The query had read a snapshot at 4 up to its file 7 (its rows hold commits 0..=4).
         let snap = at(4, 7, true);
         assert!(
-            start_difference(snap, at(2, -1, false))
-                .unwrap()
-                .starts_with("overlaps: reads again what commits 2..=4")
+            diff(snap, at(2, -1, false)).starts_with("overlaps: reads again what commits 2..=4")
         );
-        assert_eq!(start_difference(snap, at(5, -1, false)), None);
+        assert!(diff(snap, at(5, -1, false)).starts_with(
+            "may leave a gap: never reads the files of the snapshot at version 4 after its file 7"
+        ));
+        // A snapshot not read yet: another snapshot reads the same rows; changes from a later
+        // commit never read the earlier ones.
+        let unread = at(4, -1, true);
+        assert_eq!(start_difference(unread, at(6, -1, true)), None);
+        assert_eq!(start_difference(unread, at(0, -1, false)), None);
+        assert!(
+            diff(unread, at(3, -1, false))
+                .starts_with("leaves a gap: never reads the rows commits 0..=2 added")
+        );
         // Nothing read yet: starting later skips commits.
         assert!(
-            start_difference(at(0, -1, false), at(2, -1, false))
-                .unwrap()
+            diff(at(0, -1, false), at(2, -1, false))
                 .starts_with("leaves a gap: never reads commits 0..=1")
         );
         assert_eq!(start_difference(derived, derived), None);
