@@ -371,6 +371,8 @@ fn inspect_reports_batches_sources_and_operators_and_writes_nothing() {
     assert!(op["stateBytes"].as_u64().unwrap() > 0, "{op}");
     // Versions 1..3 are committed; batch 3 wrote version 4 before it was killed.
     assert_eq!(op["versions"], serde_json::json!([1, 4]));
+    // Its retention window: the committed batches whose state is kept.
+    assert_eq!(op["batches"], serde_json::json!([0, 2]));
     assert!(
         op["valueSchema"].as_str().unwrap().contains("BIGINT"),
         "{op}"
@@ -381,6 +383,7 @@ fn inspect_reports_batches_sources_and_operators_and_writes_nothing() {
     let text = String::from_utf8_lossy(&table.stdout);
     assert!(text.contains("last committed 2; batch 3 pending"), "{text}");
     assert!(text.contains("[0] aggregate  partitions 2"), "{text}");
+    assert!(text.contains("retained for batches 0..2"), "{text}");
     assert_eq!(files(dir.path()), before, "inspect wrote nothing");
 }
 

@@ -117,19 +117,12 @@ impl StateMetadataTable {
                 parts.push(op.num_partitions as i32);
                 // State version v holds the state after batch v - 1; only committed batches
                 // count.
-                let range = match (op.store_versions.get(s), report.last_committed) {
-                    (Some(&(a, b)), Some(c)) => {
-                        let base = op.first_batch;
-                        let (first, last) = (
-                            base + a.saturating_sub(1),
-                            (base + b.saturating_sub(1)).min(c),
-                        );
-                        (first <= last).then_some((first as i64, last as i64))
-                    }
-                    _ => None,
-                };
-                lo.push(range.map(|r| r.0));
-                hi.push(range.map(|r| r.1));
+                let range = op
+                    .store_versions
+                    .get(s)
+                    .and_then(|&v| op.batches_of(v, report.last_committed));
+                lo.push(range.map(|r| r.0 as i64));
+                hi.push(range.map(|r| r.1 as i64));
             }
         }
         Ok(RecordBatch::try_new(

@@ -90,6 +90,24 @@ pub struct OperatorReport {
     pub versions: Option<(u64, u64)>,
     /// The same per store (`<op>/<partition>/<store>/...`).
     pub store_versions: BTreeMap<String, (u64, u64)>,
+    /// Its retention window: the committed batches whose state the checkpoint holds (Spark's
+    /// `minBatchId` and `maxBatchId`), from `versions`.
+    pub batches: Option<(u64, u64)>,
+}
+
+impl OperatorReport {
+    /// The committed batches (up to `last_committed`) whose state the state versions
+    /// `versions` hold: version v is the state after batch v - 1 of the operator's first batch.
+    pub(crate) fn batches_of(
+        &self,
+        versions: (u64, u64),
+        last_committed: Option<u64>,
+    ) -> Option<(u64, u64)> {
+        let (a, b) = versions;
+        let first = self.first_batch + a.saturating_sub(1);
+        let last = (self.first_batch + b.saturating_sub(1)).min(last_committed?);
+        (first <= last).then_some((first, last))
+    }
 }
 
 /// A schema as Spark DDL for people to read (a type DDL has no name for is shown as Arrow
@@ -186,7 +204,7 @@ pub async fn inspect(location: Location) -> Result<CheckpointReport> {
                     let e = store_versions.entry(store.to_string()).or_insert((v, v));
                     *e = (e.0.min(v), e.1.max(v));
                 }
-                OperatorReport {
+                let mut report = OperatorReport {
                     operator_id: op.operator_id,
                     operator_name: op.operator_name.clone(),
                     num_partitions: op.num_partitions,
@@ -202,7 +220,12 @@ pub async fn inspect(location: Location) -> Result<CheckpointReport> {
                         .copied()
                         .zip(versions.iter().max().copied()),
                     store_versions,
-                }
+                    batches: None,
+                };
+                report.batches = report
+                    .versions
+                    .and_then(|v| report.batches_of(v, last_committed));
+                report
             })
             .collect(),
     };
@@ -300,13 +323,13 @@ impl CheckpointReport {
         for op in &self.operators {
             let _ = writeln!(
                 out,
-                "  [{}] {}  partitions {}  stores {}  state {}  versions {}",
+                "  [{}] {}  partitions {}  stores {}  state {}  retained for batches {}",
                 op.operator_id,
                 op.operator_name,
                 op.num_partitions,
                 op.store_names.join(", "),
                 bytes(op.state_bytes),
-                op.versions
+                op.batches
                     .map_or("none".to_string(), |(lo, hi)| format!("{lo}..{hi}"))
             );
             if op.state_id != op.operator_id || op.first_batch != 0 {
