@@ -272,6 +272,35 @@ async fn the_kafka_source_reads_sparks_columns_by_offset_ranges_and_resumes_from
         vec!["d,1"]
     );
     q.stop().await;
+
+    // The starting offsets the source keeps: a changed digit is refused, naming the file;
+    // lost, they are resolved again, and the query goes on from its logged offsets.
+    let initial = ck.path().join("sources/0/initial");
+    let kept = std::fs::read_to_string(&initial).unwrap();
+    assert!(kept.contains("\"0\":0"), "{kept}");
+    std::fs::write(&initial, kept.replace("\"0\":0", "\"0\":1")).unwrap();
+    let err = match start().await {
+        Err(e) => e.to_string(),
+        Ok(q) => {
+            let e = q.process_all_available().await.unwrap_err().to_string();
+            q.stop().await;
+            e
+        }
+    };
+    assert!(
+        err.contains("CHECKPOINT_FILE_CORRUPT") && err.contains("sources/0/initial"),
+        "{err}"
+    );
+    std::fs::remove_file(&initial).unwrap();
+    broker.send("events", 0, &["e"]).await;
+    let q = start().await.unwrap();
+    q.process_all_available().await.unwrap();
+    assert_eq!(
+        rows(&session, "SELECT CAST(value AS STRING) AS v FROM raw").await,
+        vec!["e"]
+    );
+    q.stop().await;
+    assert!(initial.exists());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
