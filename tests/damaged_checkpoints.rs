@@ -48,6 +48,29 @@ enum Damage {
     Newer,
 }
 
+/// Every damage, each file gets each.
+const DAMAGES: [Damage; 7] = [
+    Damage::Truncated,
+    Damage::CutAtLine,
+    Damage::Garbled(2),
+    Damage::Garbled(5),
+    Damage::Garbled(8),
+    Damage::Deleted,
+    Damage::Newer,
+];
+
+/// Asserts that every file of `damaged` (the checkpoint as a refused run found it) is still in
+/// `dir` as it was.
+fn assert_unchanged(case: &str, damaged: &[(String, Vec<u8>)], dir: &Path) {
+    let after = contents(dir);
+    for (rel, bytes) in damaged.iter().filter(|(rel, _)| rel != ".weir-lock") {
+        assert!(
+            after.iter().any(|(r, b)| r == rel && b == bytes),
+            "{case}: {rel} was changed"
+        );
+    }
+}
+
 fn damage(path: &Path, how: Damage) {
     let bytes = std::fs::read(path).unwrap();
     let damaged = match how {
@@ -216,15 +239,7 @@ fn every_damaged_checkpoint_file_is_refused_by_name_or_recovered_exactly() {
     };
     let mut report = vec![];
     for file in files {
-        for how in [
-            Truncated,
-            CutAtLine,
-            Garbled(2),
-            Garbled(5),
-            Garbled(8),
-            Deleted,
-            Newer,
-        ] {
+        for how in DAMAGES {
             s.restore();
             damage(&s.ck().join(file), how);
             let damaged = contents(&s.ck());
@@ -262,13 +277,7 @@ fn every_damaged_checkpoint_file_is_refused_by_name_or_recovered_exactly() {
             );
             // Nothing the run found was overwritten or removed (a failing batch may have
             // logged its offsets).
-            let after = contents(&s.ck());
-            for (rel, bytes) in damaged.iter().filter(|(rel, _)| rel != ".weir-lock") {
-                assert!(
-                    after.iter().any(|(r, b)| r == rel && b == bytes),
-                    "{case}: {rel} was changed"
-                );
-            }
+            assert_unchanged(&case, &damaged, &s.ck());
             report.push(format!("{case}: {}", class.unwrap_or_default()));
         }
     }
@@ -366,15 +375,7 @@ fn a_sources_damaged_start_file_is_refused_by_name_and_a_lost_one_is_resolved_ag
 
     let mut refused = 0;
     for (ck, file) in [("ck", "sources/0/initial"), ("rate-ck", "sources/0/0")] {
-        for how in [
-            Truncated,
-            CutAtLine,
-            Garbled(2),
-            Garbled(5),
-            Garbled(8),
-            Deleted,
-            Newer,
-        ] {
+        for how in DAMAGES {
             let case = format!("{ck}/{file} {how:?}");
             delta.restore();
             let _ = std::fs::remove_dir_all(delta.work.path().join("rate-ck"));
@@ -408,13 +409,7 @@ fn a_sources_damaged_start_file_is_refused_by_name_and_a_lost_one_is_resolved_ag
                 err.to_lowercase().contains("restore") && err.contains("new checkpoint location"),
                 "{case}: no recovery options: {err}"
             );
-            let after = contents(&dir);
-            for (rel, bytes) in damaged.iter().filter(|(rel, _)| rel != ".weir-lock") {
-                assert!(
-                    after.iter().any(|(r, b)| r == rel && b == bytes),
-                    "{case}: {rel} was changed"
-                );
-            }
+            assert_unchanged(&case, &damaged, &dir);
             refused += 1;
         }
     }
