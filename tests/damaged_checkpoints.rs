@@ -415,3 +415,91 @@ fn a_sources_damaged_start_file_is_refused_by_name_and_a_lost_one_is_resolved_ag
     }
     assert_eq!(refused, 12);
 }
+
+/// A file source's log compacted (every 10 batches, as Spark): 11 batches leave `9.compact` and
+/// entry 10. A restart reads only new files; the compact file damaged or lost is refused by
+/// name, leaving every file as it was.
+#[test]
+fn a_file_sources_compacted_log_is_read_whole_and_refused_by_name_when_damaged() {
+    let work = tempfile::tempdir().unwrap();
+    let input = work.path().join("in");
+    std::fs::create_dir_all(&input).unwrap();
+    let write = |i: u32| {
+        std::fs::write(
+            input.join(format!("f{i:02}.json")),
+            format!("{{\"k\": {i}}}\n"),
+        )
+        .unwrap();
+    };
+    for i in 0..11 {
+        write(i);
+    }
+    let ck = work.path().join("ck");
+    let sql = format!(
+        "CREATE STREAMING TABLE c USING delta LOCATION '{}' OPTIONS (outputMode 'complete') AS \
+         SELECT count(*) AS n, sum(k) AS s FROM STREAM read_files('{}', format => 'json', \
+         schema => 'k BIGINT', maxFilesPerTrigger => 1)",
+        work.path().join("out").display(),
+        input.display()
+    );
+    let run = || {
+        weir_run(
+            &[
+                "--checkpoint",
+                ck.to_str().unwrap(),
+                "--trigger",
+                "availableNow",
+            ],
+            &sql,
+        )
+    };
+    let (ok, err) = run();
+    assert!(ok, "{err}");
+    let mut log: Vec<String> = std::fs::read_dir(ck.join("sources/0"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().to_string())
+        .filter(|n| n.ends_with(".compact") || n.parse::<u32>().is_ok())
+        .collect();
+    log.sort();
+    assert_eq!(log, ["10", "9.compact"]);
+    let base = tempfile::tempdir().unwrap();
+    copy_dir(&ck, base.path());
+    write(11);
+
+    for how in DAMAGES {
+        let case = format!("sources/0/9.compact {how:?}");
+        let _ = std::fs::remove_dir_all(&ck);
+        copy_dir(base.path(), &ck);
+        damage(&ck.join("sources/0/9.compact"), how);
+        let damaged = contents(&ck);
+        let (ok, err) = run();
+        assert!(!err.contains("panicked"), "{case}: {err}");
+        assert!(!ok, "{case} was not refused");
+        assert!(
+            err.contains("CHECKPOINT_FILE_CORRUPT") && err.contains("9.compact"),
+            "{case}: {err}"
+        );
+        assert!(err.contains("new checkpoint location"), "{case}: {err}");
+        assert_unchanged(&case, &damaged, &ck);
+    }
+
+    // Undamaged: every file of the compacted log is known, and only f11 is read.
+    let _ = std::fs::remove_dir_all(&ck);
+    copy_dir(base.path(), &ck);
+    let (ok, err) = run();
+    assert!(ok, "{err}");
+    let out = Command::new(env!("CARGO_BIN_EXE_weir"))
+        .args([
+            "run",
+            "-e",
+            &format!(
+                "CREATE EXTERNAL TABLE c STORED AS DELTA LOCATION '{}'; SELECT concat(n, ',', s) \
+                 AS r FROM c",
+                work.path().join("out").display()
+            ),
+        ])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("12,66"), "each of the 12 files once: {text}");
+}
