@@ -618,4 +618,79 @@ async fn an_s3_checkpoint_is_repartitioned_and_the_sums_continue() {
     );
     // Batches 0..4: values 0..49.
     assert!(read.contains(&format!("| {} |", 49 * 50 / 2)), "{read}");
+
+    // read_state copies the operator's state from S3: one entry per key.
+    let entries = server.weir(
+        &[
+            "-e",
+            "SELECT count(*) AS n FROM read_state('s3://weir/queries/parts', operatorId => 0)",
+        ],
+        &[],
+    );
+    assert!(entries.contains("| 5 |"), "{entries}");
+
+    // A selective reset with another grouping: the operator's state starts empty on S3, so the
+    // complete output of the next batch (values 50..59) is that batch's alone.
+    let dir = tempfile::tempdir().unwrap();
+    let changed = dir.path().join("q.sql");
+    let changed_sql = sql.replace("value % 5", "value % 7");
+    std::fs::write(&changed, &changed_sql).unwrap();
+    let tool = |args: &[&str]| {
+        let out = Command::new(env!("CARGO_BIN_EXE_weir"))
+            .arg("checkpoint")
+            .args(args)
+            .envs(server.env())
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    tool(&[
+        "reset",
+        "s3://weir/queries/parts",
+        "--query",
+        changed.to_str().unwrap(),
+    ]);
+    let sum = || {
+        server.weir(
+            &[
+                "-e",
+                "CREATE EXTERNAL TABLE parts STORED AS DELTA LOCATION \
+                 's3://weir/delta/parts'; SELECT sum(s) AS s FROM parts",
+            ],
+            &[],
+        )
+    };
+    let run_changed = || {
+        server.weir(
+            &[
+                "-e",
+                &changed_sql,
+                "--checkpoint",
+                "s3://weir/queries/parts",
+                "--max-batches",
+                "1",
+            ],
+            &[],
+        )
+    };
+    run_changed();
+    let read = sum();
+    assert!(
+        read.contains(&format!("| {} |", (50..60).sum::<i64>())),
+        "{read}"
+    );
+
+    // A full refresh on S3: the checkpoint and the table are cleared, and the query starts over
+    // from value 0.
+    tool(&["reset", "s3://weir/queries/parts", "--full"]);
+    run_changed();
+    let read = sum();
+    assert!(
+        read.contains(&format!("| {} |", (0..10).sum::<i64>())),
+        "{read}"
+    );
 }
