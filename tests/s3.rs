@@ -693,4 +693,20 @@ async fn an_s3_checkpoint_is_repartitioned_and_the_sums_continue() {
         read.contains(&format!("| {} |", (0..10).sum::<i64>())),
         "{read}"
     );
+
+    // validate and replay read an S3 checkpoint too; replay writes nothing to it.
+    tool(&[
+        "validate",
+        "s3://weir/queries/parts",
+        changed.to_str().unwrap(),
+    ]);
+    let before = ck.list_all().await.unwrap();
+    tool(&[
+        "replay",
+        "s3://weir/queries/parts",
+        changed.to_str().unwrap(),
+        "--batch",
+        "0",
+    ]);
+    assert_eq!(ck.list_all().await.unwrap(), before);
 }
