@@ -1868,7 +1868,21 @@ async fn read_state_reads_a_running_querys_in_memory_state() {
     );
     let err = read(", batchId => 0").await.unwrap_err().to_string();
     assert!(err.contains("STDS_COMMITTED_BATCH_UNAVAILABLE"), "{err}");
+    // read_state_metadata gives the batches whose state the memory store holds: 1 and 2.
+    let metadata = || async {
+        let df = t
+            .session
+            .context()
+            .sql(&format!(
+                "SELECT \"minBatchId\", \"maxBatchId\" FROM read_state_metadata('{dir}')"
+            ))
+            .await
+            .unwrap();
+        table(&df.collect().await.unwrap())
+    };
+    assert_eq!(metadata().await, strs(&[&["1", "2"]]));
     q.stop().await;
     let err = read("").await.unwrap_err().to_string();
     assert!(err.contains("STATE_STORE_NOT_DURABLE"), "{err}");
+    assert_eq!(metadata().await, strs(&[&["NULL", "NULL"]]));
 }

@@ -62,8 +62,16 @@ fn user(e: impl Into<ClassifiedError>) -> DataFusionError {
 }
 
 /// The table function `read_state_metadata('DIR')`.
-#[derive(Debug, Default)]
-pub struct ReadStateMetadata;
+#[derive(Debug)]
+pub(crate) struct ReadStateMetadata {
+    live: Arc<LiveStates>,
+}
+
+impl ReadStateMetadata {
+    pub(crate) fn new(live: Arc<LiveStates>) -> Self {
+        Self { live }
+    }
+}
 
 impl TableFunctionImpl for ReadStateMetadata {
     fn call_with_args(&self, args: TableFunctionArgs) -> Result<Arc<dyn TableProvider>> {
@@ -79,7 +87,10 @@ impl TableFunctionImpl for ReadStateMetadata {
                  read_state_metadata('/data/ck').",
             ))
         })?;
-        Ok(Arc::new(StateMetadataTable { dir }))
+        Ok(Arc::new(StateMetadataTable {
+            dir,
+            live: Arc::clone(&self.live),
+        }))
     }
 }
 
@@ -87,6 +98,8 @@ impl TableFunctionImpl for ReadStateMetadata {
 #[derive(Debug)]
 struct StateMetadataTable {
     dir: String,
+    /// Where the state of a checkpoint kept in memory is, while its query runs.
+    live: Arc<LiveStates>,
 }
 
 fn schema() -> SchemaRef {
@@ -107,6 +120,14 @@ impl StateMetadataTable {
         let report = inspect(location)
             .await
             .map_err(|e| DataFusionError::External(Box::new(e)))?;
+        // A memory store's versions are in the running query, not in the checkpoint.
+        let run = (report
+            .conf
+            .get(crate::session::STATE_STORE)
+            .map(String::as_str)
+            == Some("memory"))
+        .then(|| self.live.find(report.query_id)?.upgrade())
+        .flatten();
         let (mut id, mut name, mut store, mut parts, mut lo, mut hi) =
             (vec![], vec![], vec![], vec![], vec![], vec![]);
         for op in &report.operators {
@@ -117,10 +138,22 @@ impl StateMetadataTable {
                 parts.push(op.num_partitions as i32);
                 // State version v holds the state after batch v - 1; only committed batches
                 // count.
-                let range = op
-                    .store_versions
-                    .get(s)
-                    .and_then(|&v| op.batches_of(v, report.last_committed));
+                let versions = match &run {
+                    // The versions every partition holds.
+                    Some(run) => (0..op.num_partitions as u32)
+                        .map(|p| {
+                            run.provider.versions_held(&weir_state::StoreId::new(
+                                op.state_id,
+                                p,
+                                s.as_str(),
+                            ))
+                        })
+                        .try_fold((0, u64::MAX), |(lo, hi), v| {
+                            v.map(|(a, b)| (lo.max(a), hi.min(b)))
+                        }),
+                    None => op.store_versions.get(s).copied(),
+                };
+                let range = versions.and_then(|v| op.batches_of(v, report.last_committed));
                 lo.push(range.map(|r| r.0 as i64));
                 hi.push(range.map(|r| r.1 as i64));
             }

@@ -83,6 +83,12 @@ impl StateStoreProvider for MemoryStateStoreProvider {
         }
         Ok(())
     }
+
+    fn versions_held(&self, id: &StoreId) -> Option<(u64, u64)> {
+        let versions = self.lock(id).ok()?;
+        let mine = versions.get(id)?;
+        Some((*mine.keys().next()?, *mine.keys().next_back()?))
+    }
 }
 
 fn lock<'a>(

@@ -186,6 +186,12 @@ pub trait StateStoreProvider: Send + Sync + fmt::Debug {
     /// Forgets the versions of `id` below `version` (with the batch retention).
     fn purge_below(&self, id: &StoreId, version: u64) -> Result<()>;
 
+    /// The lowest and highest version of `id` this provider holds in memory, for a backend
+    /// whose versions live nowhere else (`None`: the checkpoint's files tell).
+    fn versions_held(&self, _id: &StoreId) -> Option<(u64, u64)> {
+        None
+    }
+
     /// Waits until every version up to `version` that was committed is durable in the
     /// checkpoint, and reports a background upload's failure. Synchronous backends are durable
     /// at commit.

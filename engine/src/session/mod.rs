@@ -150,15 +150,17 @@ impl WeirSession {
             );
             let ctx = SessionContext::new_with_state(state);
             ctx.register_udf(weir_planner::window::window_udf());
+            let live_states = Arc::new(crate::state_reader::LiveStates::default());
             ctx.register_udtf(
                 "read_state_metadata",
-                Arc::new(crate::state_reader::ReadStateMetadata),
+                Arc::new(crate::state_reader::ReadStateMetadata::new(Arc::clone(
+                    &live_states,
+                ))),
             );
             ctx.register_udf(weir_planner::session_window::session_window_udf());
             let _ = ctx.register_relation_planner(Arc::new(StreamRelationPlanner::new(
                 Arc::clone(&catalog),
             )));
-            let live_states = Arc::new(crate::state_reader::LiveStates::default());
             let _ = ctx.register_relation_planner(Arc::new(
                 crate::state_reader::StateReaderPlanner::new(Arc::clone(&live_states)),
             ));
