@@ -331,12 +331,7 @@ impl RelationPlanner for StateReaderPlanner {
         else {
             return Ok(RelationPlanning::Original(Box::new(relation)));
         };
-        let fname = name
-            .0
-            .last()
-            .and_then(|p| p.as_ident())
-            .map(|i| i.value.clone())
-            .unwrap_or_default();
+        let fname = weir_planner::relation::last_name(name);
         if !fname.eq_ignore_ascii_case("read_state") {
             return Ok(RelationPlanning::Original(Box::new(relation)));
         }
@@ -539,47 +534,46 @@ impl StateTable {
         })
     }
 
-    /// Opens the operator's stores at the state after the batch and decodes their entries.
-    async fn rows(&self) -> Result<RecordBatch> {
-        if let Some(live) = &self.live {
-            let run = live.upgrade().ok_or_else(|| not_durable(&self.dir))?;
-            // The query goes on meanwhile: the last committed batch is the one now.
-            let batch = match self.batch_given {
-                true => self.batch,
-                false => {
-                    let location = Location::parse_existing_with(
-                        &self.dir,
-                        std::iter::empty::<(&str, &str)>(),
-                    )
-                    .map_err(user)?;
-                    let ck = Checkpoint::open_read_only(location)
-                        .await
-                        .map_err(engine_err)?;
-                    last_committed(&ck).await?.unwrap_or(self.batch)
-                }
-            };
-            // A memory store keeps the newest versions only (two).
-            let entries = read_entries(run.provider.as_ref(), &self.operator, &self.store, batch)
-                .map_err(|e| match e {
+    /// The entries of a running query's memory state store.
+    async fn live_rows(
+        &self,
+        live: &std::sync::Weak<StateRun>,
+        ck: &Checkpoint,
+    ) -> Result<RecordBatch> {
+        let run = live.upgrade().ok_or_else(|| not_durable(&self.dir))?;
+        // The query goes on meanwhile: the last committed batch is the one now.
+        let batch = match self.batch_given {
+            true => self.batch,
+            false => last_committed(ck).await?.unwrap_or(self.batch),
+        };
+        // A memory store keeps the newest versions only (two).
+        let entries = read_entries(run.provider.as_ref(), &self.operator, &self.store, batch)
+            .map_err(|e| match e {
                 weir_state::Error::VersionNotFound { .. } => user(ClassifiedError::new(
                     "STDS_COMMITTED_BATCH_UNAVAILABLE",
                     "KD006",
                     format!(
-                        "The state after batch {batch} of the query at '{}' is no \
-                                 longer in memory: a memory state store keeps the last two \
-                                 versions. Read the last committed batch (leave batchId out).",
+                        "The state after batch {batch} of the query at '{}' is no longer in \
+                         memory: a memory state store keeps the last two versions. Read the \
+                         last committed batch (leave batchId out).",
                         self.dir
                     ),
                 )),
                 e => user(ClassifiedError::from(e)),
             })?;
-            return decode(&self.operator, &self.schema, entries);
-        }
+        decode(&self.operator, &self.schema, entries)
+    }
+
+    /// Opens the operator's stores at the state after the batch and decodes their entries.
+    async fn rows(&self) -> Result<RecordBatch> {
         let location = Location::parse_existing_with(&self.dir, std::iter::empty::<(&str, &str)>())
             .map_err(user)?;
         let ck = Checkpoint::open_read_only(location)
             .await
             .map_err(engine_err)?;
+        if let Some(live) = &self.live {
+            return self.live_rows(live, &ck).await;
+        }
         let scratch =
             crate::stateful::run_scratch_dir("weir-read-state", ck.id(), uuid::Uuid::new_v4());
         let state_dir = match ck.state_dir() {
@@ -632,11 +626,11 @@ fn read_entries(
 
 /// The checkpoint's last committed batch, if any.
 async fn last_committed(ck: &Checkpoint) -> Result<Option<u64>> {
-    Ok(match ck.resume_point().await.map_err(engine_err)? {
-        crate::checkpoint::Resume::Fresh => None,
-        crate::checkpoint::Resume::After { last } => Some(last),
-        crate::checkpoint::Resume::Replay { batch, .. } => batch.checked_sub(1),
-    })
+    Ok(ck
+        .resume_point()
+        .await
+        .map_err(engine_err)?
+        .last_committed())
 }
 
 /// The entries as rows of `schema`: keys and values decoded with the operator's schemas.

@@ -153,7 +153,8 @@ impl StreamRelationPlanner {
     }
 }
 
-fn last_name(name: &ObjectName) -> String {
+/// The last part of a relation's name (`read_state` of `x.read_state`), as written.
+pub fn last_name(name: &ObjectName) -> String {
     name.0
         .last()
         .and_then(|p| p.as_ident())

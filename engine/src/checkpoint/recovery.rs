@@ -22,6 +22,17 @@ pub enum Resume {
     },
 }
 
+impl Resume {
+    /// The last committed batch, if any.
+    pub fn last_committed(self) -> Option<u64> {
+        match self {
+            Resume::Fresh => None,
+            Resume::After { last } => Some(last),
+            Resume::Replay { batch, .. } => batch.checked_sub(1),
+        }
+    }
+}
+
 /// Decides where to resume. `offsets` and `commits` are the batch IDs present in each log.
 pub fn resume_point(offsets: &[u64], commits: &[u64]) -> Result<Resume, String> {
     let Some(&latest) = offsets.iter().max() else {

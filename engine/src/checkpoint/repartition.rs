@@ -22,10 +22,10 @@ use arrow::row::{RowConverter, SortField};
 use weir_common::Location;
 use weir_state::{KeyRange, RocksDbStateStoreProvider, StateStoreProvider, StoreId, WriteBatch};
 
+use super::Checkpoint;
 use super::reset::{
     OperatorChange, ResetKind, ResetRecord, ResetReport, delete_unused_state, next_reset,
 };
-use super::{Checkpoint, Resume};
 use crate::stateful::{EVENT_TIME_KEY, OperatorInfo, StateLayout, StateMetadata, join_state};
 use crate::{Error, Result};
 
@@ -123,11 +123,7 @@ async fn run(checkpoint: &Checkpoint, partitions: usize) -> Result<ResetReport> 
             format!("resets/{n} of the checkpoint did not finish: run that reset again first."),
         ));
     }
-    let last = match checkpoint.resume_point().await? {
-        Resume::After { last } => Some(last),
-        Resume::Replay { batch, .. } => batch.checked_sub(1),
-        Resume::Fresh => None,
-    };
+    let last = checkpoint.resume_point().await?.last_committed();
     let stored = checkpoint
         .read_state_metadata()
         .await?
