@@ -30,6 +30,7 @@ mod bench_inputs;
 pub use datafusion;
 pub use weir_common::{ClassifiedError, Location, Options};
 pub use weir_engine::*;
+pub use weir_planner::limits::MAX_EXPRESSION_DEPTH;
 pub use weir_sinks::{ForeachBatchSink, MemorySink, Sink, SinkRegistry};
 pub use weir_sources::{MemoryStream, Offset, ReadLimit, SourceProvider, SourceRegistry};
 

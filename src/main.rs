@@ -60,11 +60,11 @@ enum CheckpointCommand {
         /// With --query: start this source (a position or a name) anew, e.g. after its Kafka
         /// subscription or folder changed; it continues from a position derived from the
         /// committed offsets where one can be (repeatable).
-        #[arg(long = "source", requires = "query")]
+        #[arg(long = "source", requires = "query", conflicts_with = "full")]
         sources: Vec<String>,
         /// With --source: start the sources from their own starting options (startingOffsets,
         /// ...) instead; a gap or overlap against the committed offsets is reported.
-        #[arg(long, requires = "query")]
+        #[arg(long, requires = "sources", conflicts_with = "full")]
         from_starting_position: bool,
         /// Full refresh.
         #[arg(long)]
@@ -205,8 +205,12 @@ fn main() -> std::process::ExitCode {
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
     let cli = Cli::parse();
+    // DataFusion plans and evaluates expressions by recursion: deeper stacks than tokio's
+    // 2 MiB default keep the deepest expression weir accepts (weir::MAX_EXPRESSION_DEPTH) far
+    // from overflowing them. The memory is only reserved; pages are used as they are touched.
     let rt = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
+        .thread_stack_size(16 << 20)
         .build()
     {
         Ok(rt) => rt,
@@ -237,6 +241,44 @@ fn tool_script(file: &std::path::Path, dir: String) -> anyhow::Result<(String, S
         ..ScriptOptions::default()
     };
     Ok((sql, opts))
+}
+
+/// Refuses `weir checkpoint reset` flags that do not mean one thing: `--source` and
+/// `--from-starting-position` belong to a selective reset (`--query`), `--keep-sink-data` to a
+/// full refresh (`--full`), and exactly one of the two is asked for.
+fn check_reset_flags(
+    query: bool,
+    full: bool,
+    source: bool,
+    from_starting_position: bool,
+    keep_sink_data: bool,
+) -> anyhow::Result<()> {
+    let refuse = |what: &str| {
+        anyhow::bail!(
+            "{what}; nothing was changed. Run `weir checkpoint reset --help` for the two kinds of \
+             reset: --query NEW.sql [--source S [--from-starting-position]] fits the checkpoint \
+             to a changed query, --full [--keep-sink-data] starts it over"
+        )
+    };
+    match (query, full) {
+        (true, true) => {
+            refuse("--query (a selective reset) and --full (a full refresh) exclude each other")
+        }
+        (false, false) => refuse("give --query NEW.sql or --full"),
+        (false, true) if source => {
+            refuse("--source needs --query: a full refresh starts every source over anyway")
+        }
+        (false, true) if from_starting_position => refuse(
+            "--from-starting-position needs --query and --source: a full refresh starts every source from its starting position anyway",
+        ),
+        (true, false) if keep_sink_data => refuse(
+            "--keep-sink-data needs --full: a selective reset keeps the sink's output anyway",
+        ),
+        (true, false) if from_starting_position && !source => refuse(
+            "--from-starting-position needs --source S: it says where the reset sources start",
+        ),
+        _ => Ok(()),
+    }
 }
 
 async fn run(cli: Cli) -> anyhow::Result<std::process::ExitCode> {
@@ -360,6 +402,15 @@ async fn run(cli: Cli) -> anyhow::Result<std::process::ExitCode> {
                     json,
                 },
         } => {
+            // clap lets a flag whose required flag conflicts with a given one pass: refuse
+            // every combination that does not mean one thing before anything is touched.
+            check_reset_flags(
+                query.is_some(),
+                full,
+                !sources.is_empty(),
+                from_starting_position,
+                keep_sink_data,
+            )?;
             let session = WeirSession::new();
             let report = match (query, full) {
                 (_, true) => session.refresh_checkpoint(&dir, keep_sink_data).await?,

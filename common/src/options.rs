@@ -29,6 +29,25 @@ impl Options {
             .insert(key.to_ascii_lowercase(), (key, value.into()));
     }
 
+    /// Sets `key` to `value` unless an option of the same name (in any case) is set: then
+    /// returns the spelling it was given as. For option lists written by a user (SQL
+    /// `OPTIONS (...)`, a source's named arguments), where a repeated option is a mistake that
+    /// must not be settled silently by the last one winning.
+    pub fn insert_new(
+        &mut self,
+        key: impl Into<String>,
+        value: impl Into<String>,
+    ) -> Result<(), String> {
+        let key = key.into();
+        match self.entries.entry(key.to_ascii_lowercase()) {
+            std::collections::btree_map::Entry::Occupied(e) => Err(e.get().0.clone()),
+            std::collections::btree_map::Entry::Vacant(e) => {
+                e.insert((key, value.into()));
+                Ok(())
+            }
+        }
+    }
+
     /// Builder form of [`Options::set`].
     pub fn with(mut self, key: impl Into<String>, value: impl Into<String>) -> Self {
         self.set(key, value);
@@ -167,6 +186,24 @@ impl OptionReader<'_> {
         let expected = format!("a whole number >= {min}");
         let v: i64 = self.parse(key, default, &expected)?;
         if v < min {
+            return Err(self.bad(key, &v.to_string(), &expected));
+        }
+        Ok(v)
+    }
+
+    /// A whole number from `min` to `max`, or `default` when absent: for counts that size an
+    /// allocation (rows per batch, partitions), where a huge value must be an error, not an
+    /// abort.
+    pub fn int_between(
+        &self,
+        key: &str,
+        default: i64,
+        min: i64,
+        max: i64,
+    ) -> Result<i64, ClassifiedError> {
+        let expected = format!("a whole number from {min} to {max}");
+        let v: i64 = self.parse(key, default, &expected)?;
+        if !(min..=max).contains(&v) {
             return Err(self.bad(key, &v.to_string(), &expected));
         }
         Ok(v)

@@ -10,6 +10,12 @@ fn fnv64(bytes: &[u8]) -> u64 {
     })
 }
 
+/// The checksum [`seal`] writes, as 16 hex digits: for files that must stay one JSON object
+/// and so carry it in a field.
+pub fn checksum(text: &str) -> String {
+    format!("{:016x}", fnv64(text.as_bytes()))
+}
+
 /// `text` with a last line checksumming it.
 pub fn seal(text: String) -> String {
     let sum = fnv64(text.as_bytes());

@@ -62,9 +62,34 @@ fn classified_in(e: &DataFusionError) -> Option<&ClassifiedError> {
     }
 }
 
+/// A source's or sink's own error (a damaged manifest, a storage failure) inside a DataFusion
+/// error: its class, SQLSTATE and message.
+fn connector_error_in(e: &DataFusionError) -> Option<(&'static str, &'static str, String)> {
+    match e {
+        DataFusionError::External(inner) => {
+            if let Some(s) = inner.downcast_ref::<weir_sinks::Error>() {
+                return Some((s.error_class(), s.sql_state(), s.to_string()));
+            }
+            if let Some(s) = inner.downcast_ref::<weir_sources::Error>() {
+                return Some((s.error_class(), s.sql_state(), s.to_string()));
+            }
+            inner
+                .downcast_ref::<DataFusionError>()
+                .and_then(connector_error_in)
+        }
+        DataFusionError::Context(_, inner) => connector_error_in(inner),
+        DataFusionError::Shared(inner) => connector_error_in(inner),
+        DataFusionError::Diagnostic(_, inner) => connector_error_in(inner),
+        _ => None,
+    }
+}
+
 fn datafusion_class(e: &DataFusionError) -> (&'static str, &'static str) {
     if let Some(c) = classified_in(e) {
         return (c.class, c.sqlstate);
+    }
+    if let Some((class, state, _)) = connector_error_in(e) {
+        return (class, state);
     }
     match e.find_root() {
         DataFusionError::SQL(..) => ("PARSE_SYNTAX_ERROR", "42601"),
@@ -109,6 +134,9 @@ fn with_class(e: &Error) -> String {
 fn datafusion_message(e: &DataFusionError) -> String {
     if let Some(c) = classified_in(e) {
         return c.to_string();
+    }
+    if let Some((class, state, message)) = connector_error_in(e) {
+        return format!("[{class}] {message} SQLSTATE: {state}");
     }
     let (class, state) = datafusion_class(e);
     format!("[{class}] {} SQLSTATE: {state}", e.find_root())

@@ -111,6 +111,14 @@ impl RestartPoint {
         entry.metadata.conf.get(key).map(String::as_str)
     }
 
+    /// The newest batch the checkpoint planned (logged).
+    pub(crate) fn last_planned(&self) -> u64 {
+        match self {
+            Self::After { last, .. } => *last,
+            Self::Replay { batch, later, .. } => batch + later.len() as u64,
+        }
+    }
+
     /// Whether some batch of the checkpoint committed.
     pub(crate) fn has_committed_batches(&self) -> bool {
         match self {
@@ -525,7 +533,9 @@ impl Execution {
                     self.shared.update(|s| {
                         s.status = status("Waiting for next trigger", true, false);
                     });
-                    if self.trigger == Trigger::Once {
+                    // The N-th batch of --max-batches ends the run as it commits, not one
+                    // trigger interval later.
+                    if self.trigger == Trigger::Once || self.max_batches.is_some_and(|m| ran >= m) {
                         break;
                     }
                 }

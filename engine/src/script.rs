@@ -210,7 +210,8 @@ impl WeirSession {
     }
 
     async fn batch(&self, sql: &str) -> Result<StatementResult> {
-        let df = self.context().sql(sql).await?;
+        let plan = self.plan_sql(sql).await?;
+        let df = self.context().execute_logical_plan(plan).await?;
         Ok(StatementResult::Rows(df.collect().await?))
     }
 

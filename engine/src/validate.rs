@@ -36,16 +36,6 @@ pub enum Change {
 }
 
 impl Change {
-    fn of<T: PartialEq>(was: Option<&T>, now: Option<&T>) -> Self {
-        match (was, now) {
-            (Some(a), Some(b)) if a == b => Self::Same,
-            (Some(_), Some(_)) => Self::Changed,
-            (None, Some(_)) => Self::Added,
-            (Some(_), None) => Self::Removed,
-            (None, None) => Self::Same,
-        }
-    }
-
     fn word(self) -> &'static str {
         match self {
             Self::Same => "same",
@@ -270,7 +260,8 @@ impl Sides<'_> {
             change: match &was_sink {
                 // A checkpoint that never planned a batch has no sink yet.
                 None => Change::Same,
-                Some(w) => Change::of(Some(w), Some(&now_sink)),
+                Some(w) if w.same_target(&now_sink) => Change::Same,
+                Some(_) => Change::Changed,
             },
             checkpoint: was_sink,
             query: now_sink,
@@ -312,6 +303,7 @@ fn sink_text(r: Option<&SinkRecord>) -> String {
         Some(SinkRecord {
             format,
             identity: Some(i),
+            ..
         }) => format!("{format} at {i}"),
         Some(SinkRecord { format, .. }) => format.clone(),
     }

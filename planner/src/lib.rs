@@ -13,6 +13,7 @@
 //! - [`sink_table`]: reading a weir file sink's output directory through its manifest.
 //! - [`dedupe`]: streaming deduplication (`DISTINCT ON`, `drop_duplicates`).
 //! - [`join`]: joins of two streams, and the event-time range their condition implies.
+//! - [`limits`]: bounds on what one statement may make the planner do (expression depth).
 //! - [`watermark`]: the event-time watermark node (`WATERMARK col DELAY OF ...`,
 //!   `with_watermark`).
 //! - [`window`]: the `window()` time-window function.
@@ -21,6 +22,7 @@
 pub mod analysis;
 pub mod dedupe;
 pub mod join;
+pub mod limits;
 pub mod relation;
 pub mod session_window;
 pub mod sink_table;

@@ -326,7 +326,16 @@ fn options_from_args(format: &str, args: &[FunctionArg]) -> Result<Options, Clas
                 )));
             }
         };
-        options.set(name, literal_text(value));
+        if let Err(first) = options.insert_new(name.clone(), literal_text(value)) {
+            return Err(ClassifiedError::new(
+                "DUPLICATE_ROUTINE_PARAMETER_ASSIGNMENT.DOUBLE_NAMED_ARGUMENT_REFERENCE",
+                "4274K",
+                format!(
+                    "The option '{name}' of the {format} source is given twice (as '{first}' \
+                     and '{name}'; option names ignore case). Give each option once."
+                ),
+            ));
+        }
     }
     Ok(options)
 }

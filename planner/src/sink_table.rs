@@ -24,7 +24,7 @@ use datafusion::logical_expr::{CreateExternalTable, Expr};
 use datafusion::physical_plan::ExecutionPlan;
 use datafusion::physical_plan::empty::EmptyExec;
 use weir_common::Location;
-use weir_sinks::{FileFormat, SinkManifest, read_manifest};
+use weir_sinks::{FileFormat, SinkManifest, check_files, read_manifest};
 
 fn ext(e: impl std::error::Error + Send + Sync + 'static) -> DataFusionError {
     DataFusionError::External(Box::new(e))
@@ -60,7 +60,7 @@ impl FileSinkTable {
             Some(dir) => manifest
                 .files
                 .iter()
-                .map(|f| ListingTableUrl::parse(dir.join(f).to_string_lossy()))
+                .map(|f| ListingTableUrl::parse(dir.join(&f.path).to_string_lossy()))
                 .collect::<Result<Vec<_>>>()?,
             None => {
                 // An object store (S3): DataFusion reads the part files through the sink
@@ -84,7 +84,7 @@ impl FileSinkTable {
                 manifest
                     .files
                     .iter()
-                    .map(|f| ListingTableUrl::parse(format!("{root}/{f}")))
+                    .map(|f| ListingTableUrl::parse(format!("{root}/{}", f.path)))
                     .collect::<Result<Vec<_>>>()?
             }
         };
@@ -133,6 +133,8 @@ impl TableProvider for FileSinkTable {
     ) -> Result<Arc<dyn ExecutionPlan>> {
         match read_manifest(&self.location).await.map_err(ext)? {
             Some(m) if !m.files.is_empty() => {
+                // A listed file lost, emptied or cut is an error naming it, not fewer rows.
+                check_files(&self.location, &m.files).await.map_err(ext)?;
                 self.listing(state, &m)?
                     .scan(state, projection, filters, limit)
                     .await

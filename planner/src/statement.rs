@@ -483,7 +483,16 @@ fn parse_options(
                 )));
             }
         };
-        options.set(key, value);
+        if let Err(first) = options.insert_new(key.clone(), value) {
+            return Err(ClassifiedError::new(
+                "DUPLICATE_KEY",
+                "23505",
+                format!(
+                    "Found duplicate keys '{key}' in OPTIONS (also given as '{first}'; option \
+                     names ignore case). Give each option once."
+                ),
+            ));
+        }
         k += 1;
         match at(k) {
             Some(Token::Comma) => k += 1,

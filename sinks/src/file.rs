@@ -20,7 +20,7 @@ use serde::{Deserialize, Serialize};
 use weir_common::location::Created;
 use weir_common::{ClassifiedError, Location, Options};
 
-use crate::{Error, OutputMode, Result, Sink};
+use crate::{CheckpointBatches, Error, OutputMode, Result, Sink};
 
 /// Folder of the manifest log inside the output directory.
 pub const MANIFEST_DIR: &str = "_weir_metadata";
@@ -65,6 +65,8 @@ pub struct FileSink {
     compression: Compression,
     header: bool,
     delimiter: u8,
+    /// The query writing, once opened: each manifest entry names it.
+    query_id: std::sync::Mutex<Option<String>>,
 }
 
 impl FileSink {
@@ -116,6 +118,7 @@ impl FileSink {
             compression,
             header,
             delimiter,
+            query_id: std::sync::Mutex::new(None),
         })
     }
 
@@ -165,14 +168,25 @@ struct EntryHeader {
     format: FileFormat,
     options: BTreeMap<String, String>,
     schema: Schema,
+    /// The query that wrote the batch (entries of format v2 on).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    query_id: Option<String>,
 }
 
-#[derive(Debug, Serialize, Deserialize)]
-struct EntryFile {
-    path: String,
-    rows: u64,
-    size: u64,
+/// One committed file, as its manifest entry lists it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ManifestFile {
+    /// The path relative to the output directory.
+    pub path: String,
+    /// Its rows.
+    pub rows: u64,
+    /// Its size in bytes.
+    pub size: u64,
 }
+
+/// The format version of manifest entries this weir writes: v2 ends with a checksum line
+/// (`#fnv64=`) and names the query; v1 entries (no checksum) still read.
+const ENTRY_VERSION: &str = "v2";
 
 #[async_trait]
 impl Sink for FileSink {
@@ -196,8 +210,70 @@ impl Sink for FileSink {
         &[OutputMode::Append]
     }
 
-    /// Creates a local output folder.
-    async fn open(&self, _query_id: &str) -> Result<()> {
+    /// The manifest against the checkpoint: every committed batch has its entry, no entry is
+    /// of a batch the checkpoint never planned or of another query, and every listed file is
+    /// there with the size it was written with.
+    async fn check_batches(&self, batches: &CheckpointBatches<'_>) -> Result<()> {
+        let entries = read_entries(&self.location).await?;
+        let display = self.location.display();
+        for (id, header, _) in &entries {
+            if let Some(q) = &header.query_id
+                && q != batches.query_id
+            {
+                return Err(ClassifiedError::new(
+                    "STREAMING_SINK_OUTPUT_OF_ANOTHER_QUERY",
+                    "42K03",
+                    format!(
+                        "The output folder '{display}' holds batch {id} of another query (ID {q}; \
+                         this checkpoint's query is {}). Two queries must not write to one \
+                         file sink folder: their batches would hide each other's. Write this \
+                         query to its own folder (with a new checkpoint location), or restore \
+                         the checkpoint that wrote the folder.",
+                        batches.query_id
+                    ),
+                )
+                .into());
+            }
+            if batches.last_planned.is_none_or(|p| *id > p) {
+                return Err(Error::Corrupt(format!(
+                    "The file sink's manifest entry '{display}/{MANIFEST_DIR}/{id}' is of a batch \
+                     the checkpoint never planned ({}): the checkpoint is older than the output \
+                     (restored from an earlier copy?), and batches it runs again would be \
+                     skipped as already written. Restore the checkpoint that wrote the folder, \
+                     or start the query over with `weir checkpoint reset DIR --full` (which \
+                     clears the folder's output).",
+                    match batches.last_planned {
+                        Some(p) => format!("its newest batch is {p}"),
+                        None => "it has planned none".into(),
+                    }
+                )));
+            }
+        }
+        if let Some(last) = batches.last_committed {
+            let mut present = entries.iter().map(|(id, _, _)| *id).peekable();
+            for b in 0..=last {
+                while present.next_if(|id| *id < b).is_some() {}
+                if present.next_if_eq(&b).is_none() {
+                    return Err(Error::Corrupt(format!(
+                        "The file sink's manifest entry '{display}/{MANIFEST_DIR}/{b}' is \
+                         missing, although the checkpoint committed batch {b}: its files are \
+                         hidden from every reader, and the query will not write the batch \
+                         again. Restore the entry from a backup; or start the query over with \
+                         `weir checkpoint reset DIR --full`, which clears the folder and \
+                         writes every batch again."
+                    )));
+                }
+            }
+        }
+        let files: Vec<ManifestFile> = entries.into_iter().flat_map(|(_, _, f)| f).collect();
+        check_files(&self.location, &files).await
+    }
+
+    /// Creates a local output folder, and keeps the query ID for the manifest entries.
+    async fn open(&self, query_id: &str) -> Result<()> {
+        if let Ok(mut q) = self.query_id.lock() {
+            *q = Some(query_id.to_string());
+        }
         if let Some(dir) = self.location.local_dir() {
             std::fs::create_dir_all(dir).map_err(|e| {
                 ClassifiedError::new(
@@ -221,7 +297,7 @@ impl Sink for FileSink {
     async fn clear_output(&self) -> Result<()> {
         let listed: Vec<String> = read_manifest(&self.location)
             .await?
-            .map(|m| m.files)
+            .map(|m| m.files.into_iter().map(|f| f.path).collect())
             .unwrap_or_default();
         let log = self.location.child(MANIFEST_DIR);
         log.delete_all().await?;
@@ -245,6 +321,26 @@ impl Sink for FileSink {
         schema: SchemaRef,
         batches: Vec<RecordBatch>,
     ) -> Result<()> {
+        let query_id = self.query_id.lock().ok().and_then(|q| q.clone());
+        self.write_batch(batch_id, schema, batches, query_id.as_deref())
+            .await
+    }
+
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+}
+
+impl FileSink {
+    /// Writes the batch's part file, then its manifest entry (create-only), unless the entry
+    /// exists.
+    async fn write_batch(
+        &self,
+        batch_id: u64,
+        schema: SchemaRef,
+        batches: Vec<RecordBatch>,
+        query_id: Option<&str>,
+    ) -> Result<()> {
         let entry = format!("{MANIFEST_DIR}/{batch_id}");
         if self.location.exists(&entry).await? {
             tracing::info!(
@@ -265,7 +361,7 @@ impl Sink for FileSink {
             let size = bytes.len() as u64;
             self.location.put(&name, Bytes::from(bytes)).await?;
             weir_common::failpoint::pause_point("sink_mid", batch_id);
-            files.push(EntryFile {
+            files.push(ManifestFile {
                 path: name,
                 rows: rows as u64,
                 size,
@@ -276,13 +372,15 @@ impl Sink for FileSink {
             format: self.format,
             options: self.options.clone(),
             schema: schema.as_ref().clone(),
+            query_id: query_id.map(str::to_string),
         };
-        let mut text = String::from("v1\n");
+        let mut text = format!("{ENTRY_VERSION}\n");
         text += &serde_json::to_string(&header).map_err(internal)?;
         for f in &files {
             text.push('\n');
             text += &serde_json::to_string(f).map_err(internal)?;
         }
+        let text = weir_common::sealed::seal(text);
         if self
             .location
             .put_if_absent(&entry, Bytes::from(text))
@@ -297,10 +395,6 @@ impl Sink for FileSink {
             );
         }
         Ok(())
-    }
-
-    fn as_any(&self) -> &dyn Any {
-        self
     }
 }
 
@@ -331,8 +425,8 @@ pub struct SinkManifest {
     pub options: BTreeMap<String, String>,
     /// The schema of the newest batch.
     pub schema: SchemaRef,
-    /// Paths of the committed files, relative to the output directory, in batch order.
-    pub files: Vec<String>,
+    /// The committed files, in batch order.
+    pub files: Vec<ManifestFile>,
     /// The newest committed batch.
     pub latest_batch_id: u64,
 }
@@ -340,14 +434,82 @@ pub struct SinkManifest {
 /// Reads the manifest of a file sink's output directory; `None` if it has none (not a weir
 /// sink directory, or no batch committed yet).
 pub async fn read_manifest(location: &Location) -> Result<Option<SinkManifest>> {
-    let mut ids: Vec<u64> = location
-        .list_files(MANIFEST_DIR)
-        .await?
-        .into_iter()
-        .filter_map(|(name, _)| name.parse().ok())
-        .collect();
-    ids.sort_unstable();
     let mut out: Option<SinkManifest> = None;
+    for (id, header, files) in read_entries(location).await? {
+        let m = out.get_or_insert_with(|| SinkManifest {
+            format: header.format,
+            options: header.options.clone(),
+            schema: Arc::new(header.schema.clone()),
+            files: vec![],
+            latest_batch_id: id,
+        });
+        m.files.extend(files);
+        m.schema = Arc::new(header.schema);
+        m.latest_batch_id = id;
+    }
+    Ok(out)
+}
+
+/// Checks that every file of `files` is in the output directory with the size its manifest
+/// entry recorded: a reader would otherwise skip a lost or emptied file silently, or fail on a
+/// cut one without naming it.
+pub async fn check_files(location: &Location, files: &[ManifestFile]) -> Result<()> {
+    if files.is_empty() {
+        return Ok(());
+    }
+    let found: std::collections::HashMap<String, u64> =
+        location.list_files("").await?.into_iter().collect();
+    for f in files {
+        let problem = match found.get(&f.path) {
+            None => "is missing".to_string(),
+            Some(&size) if size != f.size => format!(
+                "has {size} bytes where its manifest entry recorded {} (it was cut, emptied or \
+                 replaced)",
+                f.size
+            ),
+            Some(_) => continue,
+        };
+        return Err(ClassifiedError::new(
+            if found.contains_key(&f.path) {
+                "FAILED_READ_FILE.FILE_SIZE_MISMATCH"
+            } else {
+                "FAILED_READ_FILE.FILE_NOT_EXIST"
+            },
+            "KD001",
+            format!(
+                "The file sink's part file '{}/{}' {problem}; its {} rows are committed output. \
+                 Restore the file from a backup; or rewrite the folder by starting the query \
+                 over with `weir checkpoint reset DIR --full`.",
+                location.display(),
+                f.path,
+                f.rows
+            ),
+        )
+        .into());
+    }
+    Ok(())
+}
+
+/// Every manifest entry of `location` in batch order: its batch, header and files.
+async fn read_entries(location: &Location) -> Result<Vec<(u64, EntryHeader, Vec<ManifestFile>)>> {
+    let mut ids = vec![];
+    for (name, _) in location.list_files(MANIFEST_DIR).await? {
+        if name.is_empty() || !name.bytes().all(|b| b.is_ascii_digit()) {
+            continue;
+        }
+        match name.parse::<u64>() {
+            Ok(id) if id <= i64::MAX as u64 => ids.push(id),
+            _ => {
+                return Err(Error::Corrupt(format!(
+                    "The file sink's manifest entry '{}/{MANIFEST_DIR}/{name}' is named as no \
+                     batch weir writes (batch IDs stay below 2^63): move it out of the folder.",
+                    location.display()
+                )));
+            }
+        }
+    }
+    ids.sort_unstable();
+    let mut out = Vec::with_capacity(ids.len());
     for id in ids {
         let rel = format!("{MANIFEST_DIR}/{id}");
         let corrupt = |why: &str| {
@@ -362,12 +524,19 @@ pub async fn read_manifest(location: &Location) -> Result<Option<SinkManifest>> 
             continue;
         };
         let text = std::str::from_utf8(&bytes).map_err(|_| corrupt("is not text"))?;
-        let mut lines = text.lines();
+        let body = weir_common::sealed::unseal(text)
+            .map_err(|_| corrupt("is damaged (its checksum does not match its content)"))?;
+        let mut lines = body.lines();
         match lines.next() {
             Some("v1") => {}
+            Some(ENTRY_VERSION) if body.len() < text.len() => {}
+            Some(ENTRY_VERSION) => {
+                return Err(corrupt("has lost its checksum line (it was cut short)"));
+            }
             Some(v) if v.starts_with('v') => {
                 return Err(corrupt(&format!(
-                    "has version '{v}', newer than this weir reads (v1)"
+                    "has version '{v}', which this weir does not read (it reads v1 and \
+                     {ENTRY_VERSION})"
                 )));
             }
             _ => return Err(corrupt("has no version header")),
@@ -376,20 +545,17 @@ pub async fn read_manifest(location: &Location) -> Result<Option<SinkManifest>> 
             .next()
             .and_then(|l| serde_json::from_str(l).ok())
             .ok_or_else(|| corrupt("has no readable header line"))?;
+        if header.batch_id != id {
+            return Err(corrupt(&format!(
+                "is the entry of batch {} under the name of batch {id}",
+                header.batch_id
+            )));
+        }
         let files = lines
-            .map(|l| serde_json::from_str::<EntryFile>(l).map(|f| f.path))
+            .map(serde_json::from_str::<ManifestFile>)
             .collect::<std::result::Result<Vec<_>, _>>()
             .map_err(|_| corrupt("has an unreadable file line"))?;
-        let m = out.get_or_insert_with(|| SinkManifest {
-            format: header.format,
-            options: header.options.clone(),
-            schema: Arc::new(header.schema.clone()),
-            files: vec![],
-            latest_batch_id: id,
-        });
-        m.files.extend(files);
-        m.schema = Arc::new(header.schema);
-        m.latest_batch_id = id;
+        out.push((id, header, files));
     }
     Ok(out)
 }
@@ -433,7 +599,7 @@ mod tests {
             .unwrap();
         let m = read_manifest(sink.location()).await.unwrap().unwrap();
         assert_eq!(m.files.len(), 2);
-        assert!(m.files.iter().all(|f| !f.contains("orphan")));
+        assert!(m.files.iter().all(|f| !f.path.contains("orphan")));
         assert_eq!(m.latest_batch_id, 2);
         let parquet_files = std::fs::read_dir(dir.path())
             .unwrap()

@@ -29,7 +29,9 @@ use weir_common::ClassifiedError;
 
 pub use console::ConsoleSink;
 pub use error::{Error, Result};
-pub use file::{FileFormat, FileSink, MANIFEST_DIR, SinkManifest, read_manifest};
+pub use file::{
+    FileFormat, FileSink, MANIFEST_DIR, ManifestFile, SinkManifest, check_files, read_manifest,
+};
 pub use foreach::{ForeachBatchFn, ForeachBatchSink};
 pub use memory::{MemorySink, MemorySinkData};
 pub use noop::NoopSink;
@@ -75,6 +77,19 @@ impl fmt::Display for OutputMode {
     }
 }
 
+/// What a checkpoint says of the batches its sink was given, for [`Sink::check_batches`].
+#[derive(Debug, Clone, Copy)]
+pub struct CheckpointBatches<'a> {
+    /// The query's ID, the same across restarts.
+    pub query_id: &'a str,
+    /// The newest committed batch, when the sink was given every batch up to it (the
+    /// checkpoint's record names this sink); the sink must hold each of them.
+    pub last_committed: Option<u64>,
+    /// The newest batch the checkpoint planned (logged in its offsets): a batch after it was
+    /// never run on this checkpoint.
+    pub last_planned: Option<u64>,
+}
+
 /// Where the output of a streaming query goes.
 #[async_trait]
 pub trait Sink: Debug + Send + Sync {
@@ -100,6 +115,15 @@ pub trait Sink: Debug + Send + Sync {
     /// Called once per run, after the checkpoint is open and before the first batch, with the
     /// query's id (the same across restarts).
     async fn open(&self, _query_id: &str) -> Result<()> {
+        Ok(())
+    }
+
+    /// Checks, before a run writes anything, that the sink's own record of the batches it
+    /// holds agrees with the checkpoint's ([`CheckpointBatches`]): a sink that keeps such a
+    /// record (a file sink's manifest, a Delta table's `txn`) refuses one that does not, so
+    /// that a lost entry or a replaced checkpoint is found instead of a batch being lost for
+    /// readers or written twice. Writes nothing.
+    async fn check_batches(&self, _batches: &CheckpointBatches<'_>) -> Result<()> {
         Ok(())
     }
 

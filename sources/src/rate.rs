@@ -20,6 +20,14 @@ use crate::{
 /// Rows per generated record batch.
 pub(crate) const CHUNK_ROWS: usize = 1 << 17;
 
+/// The most rows one micro-batch of a rate source holds (16 GiB of `timestamp` and `value`):
+/// `rowsPerSecond` and `rowsPerBatch` are at most this, and a rate source that fell behind
+/// catches up over several batches of at most this many rows.
+pub const MAX_ROWS_PER_BATCH: i64 = 1 << 30;
+
+/// The most partitions a rate source's batch is split into (`numPartitions`).
+pub const MAX_PARTITIONS: i64 = 1 << 16;
+
 /// The schema of the rate sources: `timestamp TIMESTAMP, value BIGINT`.
 pub(crate) fn rate_schema() -> SchemaRef {
     Arc::new(Schema::new(vec![
@@ -42,10 +50,21 @@ pub(crate) fn generate_partition(
     num_partitions: i64,
     ts_micros: impl Fn(i64) -> i64,
 ) -> Result<Vec<RecordBatch>> {
-    let first = range_start + p;
-    if first >= range_end {
-        return Ok(vec![]);
+    match range_end.checked_sub(range_start) {
+        Some(rows) if (0..=MAX_ROWS_PER_BATCH).contains(&rows) => {}
+        _ => {
+            return Err(Error::Corrupt(format!(
+                "A rate source was asked for the values {range_start}..{range_end}, more than \
+                 the {MAX_ROWS_PER_BATCH} rows a batch holds: the offsets log does not hold what \
+                 weir wrote. Restore it, or use a new checkpoint location."
+            )));
+        }
     }
+    let Some(first) = range_start.checked_add(p).filter(|f| *f < range_end) else {
+        return Ok(vec![]);
+    };
+    // range_end - first is at most MAX_ROWS_PER_BATCH and num_partitions at most
+    // MAX_PARTITIONS, so neither this sum nor the values below overflow.
     let count = (range_end - first + num_partitions - 1) / num_partitions;
     let mut out = Vec::with_capacity(count as usize / CHUNK_ROWS + 1);
     let mut i = 0i64;
@@ -82,11 +101,11 @@ impl RateSourceProvider {
     pub fn try_new(options: &Options) -> Result<Self> {
         let r = options.reader("rate source", ACCEPTED);
         r.check_known()?;
-        let rows_per_second = r.int_at_least("rowsPerSecond", 1, 1)?;
+        let rows_per_second = r.int_between("rowsPerSecond", 1, 1, MAX_ROWS_PER_BATCH)?;
         let ramp_up = r.duration("rampUpTime", Duration::ZERO, Duration::from_secs(1))?;
         let num_partitions = match options.get("numPartitions") {
             None => None,
-            Some(_) => Some(r.int_at_least("numPartitions", 1, 1)?),
+            Some(_) => Some(r.int_between("numPartitions", 1, 1, MAX_PARTITIONS)?),
         };
         // As Spark: every offset the source can reach must fit in 64 bits.
         let max_seconds = i64::MAX / rows_per_second;
@@ -223,11 +242,15 @@ impl MicroBatchStream for RateStream {
 
     async fn latest_offset(&mut self, start: &Offset, _limit: ReadLimit) -> Result<Offset> {
         let start = Self::seconds(start)?;
-        let elapsed = ((now_ms() - self.start_time_ms) / 1000).max(start);
+        let elapsed = (now_ms().saturating_sub(self.start_time_ms) / 1000).max(start);
         self.latest = Some(elapsed);
         let end = self
             .available_now_target
             .map_or(elapsed, |t| elapsed.min(t).max(start));
+        // A source that fell behind (a query stopped for a day) catches up in batches of at
+        // most MAX_ROWS_PER_BATCH rows.
+        let most = start.saturating_add((MAX_ROWS_PER_BATCH / self.def.rows_per_second).max(1));
+        let end = end.min(most);
         Ok(Offset::long(end))
     }
 
@@ -330,6 +353,47 @@ mod tests {
             .await
             .unwrap_err();
         assert_eq!(err.error_class(), "ARITHMETIC_OVERFLOW", "{err}");
+    }
+
+    #[tokio::test]
+    async fn counts_that_size_a_batch_are_bounded_by_errors_not_allocations() {
+        for (key, value) in [
+            ("rowsPerSecond", i64::MAX.to_string()),
+            ("rowsPerSecond", (1i64 << 62).to_string()),
+            ("numPartitions", "1000000000000".to_string()),
+        ] {
+            let err =
+                RateSourceProvider::try_new(&Options::new().with(key, value.as_str())).unwrap_err();
+            assert_eq!(err.error_class(), "STREAMING_INVALID_OPTION", "{err}");
+            assert!(err.to_string().contains(key), "{err}");
+        }
+        // A source far behind its clock catches up in bounded batches.
+        let def = RateSourceProvider::try_new(
+            &Options::new().with("rowsPerSecond", MAX_ROWS_PER_BATCH.to_string()),
+        )
+        .unwrap();
+        let mut s = RateStream {
+            def,
+            start_time_ms: now_ms() - 3_600_000,
+            partitions: 1,
+            latest: None,
+            available_now_target: None,
+        };
+        let end = s
+            .latest_offset(&Offset::long(0), ReadLimit::AllAvailable)
+            .await
+            .unwrap();
+        assert_eq!(end, Offset::long(1), "one second of 2^30 rows, not an hour");
+        // A range of 2^62 values is refused before anything is allocated.
+        let err = generate_partition(&rate_schema(), 0, 1 << 62, 0, 1, |v| v).unwrap_err();
+        assert_eq!(err.error_class(), "CHECKPOINT_FILE_CORRUPT", "{err}");
+        let err = generate_partition(&rate_schema(), i64::MIN, i64::MAX, 0, 1, |v| v).unwrap_err();
+        assert_eq!(err.error_class(), "CHECKPOINT_FILE_CORRUPT", "{err}");
+        assert!(
+            generate_partition(&rate_schema(), i64::MAX - 2, i64::MAX, 5, 7, |v| v)
+                .unwrap()
+                .is_empty()
+        );
     }
 
     #[test]

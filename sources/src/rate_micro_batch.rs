@@ -10,7 +10,7 @@ use serde::{Deserialize, Serialize};
 use weir_common::Options;
 
 use crate::error::overflow;
-use crate::rate::{generate_partition, rate_schema};
+use crate::rate::{MAX_PARTITIONS, MAX_ROWS_PER_BATCH, generate_partition, rate_schema};
 use crate::{
     Error, MicroBatchStream, Offset, Partitions, ReadLimit, Result, SourceContext, SourceProvider,
 };
@@ -40,10 +40,10 @@ impl RateMicroBatchSourceProvider {
         let r = options.reader("rate-micro-batch source", ACCEPTED);
         r.check_known()?;
         r.required("rowsPerBatch")?;
-        let rows_per_batch = r.int_at_least("rowsPerBatch", 1, 1)?;
+        let rows_per_batch = r.int_between("rowsPerBatch", 1, 1, MAX_ROWS_PER_BATCH)?;
         let num_partitions = match options.get("numPartitions") {
             None => None,
-            Some(_) => Some(r.int_at_least("numPartitions", 1, 1)?),
+            Some(_) => Some(r.int_between("numPartitions", 1, 1, MAX_PARTITIONS)?),
         };
         Ok(Self {
             rows_per_batch,

@@ -1,7 +1,7 @@
 //! The checkpoint directory of a query and the logs in it.
 //!
 //! ```text
-//! <checkpoint>/metadata        {"id":"<query uuid>","weirCheckpointVersion":1}
+//! <checkpoint>/metadata        {"id":"<query uuid>","weirCheckpointVersion":2,"fnv64":"<hex>"}
 //! <checkpoint>/offsets/<N>     write-ahead log entry of batch N (see [`log`])
 //! <checkpoint>/commits/<N>     commit marker of batch N
 //! <checkpoint>/sink            the sink the batches were written to (format, location)
@@ -45,14 +45,44 @@ const SINK: &str = "sink";
 const LOCK: &str = ".weir-lock";
 const RESETS: &str = "resets";
 const SOURCE_NAMES: &str = "source_names";
-const CHECKPOINT_VERSION: u32 = 1;
+/// The checkpoint format this weir writes: 2 checksums `metadata` (1 did not; still read).
+const CHECKPOINT_VERSION: u32 = 2;
+/// The largest batch ID a log entry may have: Spark's batch IDs are a `Long`, and staying below
+/// `u64::MAX` keeps `batch + 1` (and `+ 2`) from overflowing.
+pub const MAX_BATCH_ID: u64 = i64::MAX as u64;
 
+/// `metadata`: one JSON object, as Spark's, so its `id` reads the same; from checkpoint version
+/// 2 on with `fnv64`, a checksum of the ID and version. A flipped bit in the query ID still
+/// parses as a UUID, and the ID is what exactly-once sinks recognise the query's batches by
+/// (Delta's `txn.appId`): an ID changed unnoticed would write a replayed batch twice.
 #[derive(Debug, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 struct Metadata {
     id: Uuid,
     #[serde(default)]
     weir_checkpoint_version: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    fnv64: Option<String>,
+}
+
+impl Metadata {
+    fn new(id: Uuid) -> Self {
+        Self {
+            id,
+            weir_checkpoint_version: Some(CHECKPOINT_VERSION),
+            fnv64: Some(Self::checksum(id, CHECKPOINT_VERSION)),
+        }
+    }
+
+    fn checksum(id: Uuid, version: u32) -> String {
+        weir_common::sealed::checksum(&format!("{id}/{version}"))
+    }
+
+    fn encode(&self) -> Result<Bytes> {
+        serde_json::to_string(self)
+            .map(Bytes::from)
+            .map_err(|e| Error::Internal(e.to_string()))
+    }
 }
 
 /// The sink a checkpoint's batches were written to (`<checkpoint>/sink`).
@@ -63,6 +93,18 @@ pub struct SinkRecord {
     /// Where an exactly-once sink keeps its output ([`weir_sinks::Sink::identity`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub identity: Option<String>,
+    /// The query ID the batches were written with (the ID an exactly-once sink recognises them
+    /// by): a checkpoint whose `metadata` now holds another ID is refused. Not compared by
+    /// [`SinkRecord::same_target`].
+    #[serde(default, rename = "queryId", skip_serializing_if = "Option::is_none")]
+    pub query_id: Option<Uuid>,
+}
+
+impl SinkRecord {
+    /// Whether both records name the same sink and target (their query IDs aside).
+    pub fn same_target(&self, other: &SinkRecord) -> bool {
+        self.format == other.format && self.identity == other.identity
+    }
 }
 
 /// An open checkpoint, owned by one run of one query.
@@ -110,13 +152,8 @@ impl Checkpoint {
                         ),
                     ));
                 }
-                let fresh = Metadata {
-                    id: Uuid::new_v4(),
-                    weir_checkpoint_version: Some(CHECKPOINT_VERSION),
-                };
-                let text =
-                    serde_json::to_string(&fresh).map_err(|e| Error::Internal(e.to_string()))?;
-                location.put_if_absent(METADATA, Bytes::from(text)).await?;
+                let fresh = Metadata::new(Uuid::new_v4());
+                location.put_if_absent(METADATA, fresh.encode()?).await?;
                 // Another starter may have won the race: its id counts.
                 let bytes = location
                     .get(METADATA)
@@ -159,12 +196,8 @@ impl Checkpoint {
             // Record the refresh before the metadata changes, so that runs refuse the
             // checkpoint until the refresh is done.
             reset::record_refresh_start(&location).await?;
-            let fresh = Metadata {
-                id: Uuid::new_v4(),
-                weir_checkpoint_version: Some(CHECKPOINT_VERSION),
-            };
-            let text = serde_json::to_string(&fresh).map_err(|e| Error::Internal(e.to_string()))?;
-            location.put(METADATA, Bytes::from(text)).await?;
+            let fresh = Metadata::new(Uuid::new_v4());
+            location.put(METADATA, fresh.encode()?).await?;
         }
         Self::open_read_only(location.clone()).await?;
         Self::open(location, false).await
@@ -352,12 +385,8 @@ impl Checkpoint {
     /// query's batches for new ones).
     pub(crate) async fn renew_id(&mut self) -> Result<Uuid> {
         self.check_lease()?;
-        let fresh = Metadata {
-            id: Uuid::new_v4(),
-            weir_checkpoint_version: Some(CHECKPOINT_VERSION),
-        };
-        let text = serde_json::to_string(&fresh).map_err(|e| Error::Internal(e.to_string()))?;
-        self.location.put(METADATA, Bytes::from(text)).await?;
+        let fresh = Metadata::new(Uuid::new_v4());
+        self.location.put(METADATA, fresh.encode()?).await?;
         self.id = fresh.id;
         Ok(fresh.id)
     }
@@ -393,13 +422,25 @@ impl Checkpoint {
     }
 
     async fn ids(&self, dir: &str) -> Result<Vec<u64>> {
-        let mut ids: Vec<u64> = self
-            .location
-            .list_files(dir)
-            .await?
-            .into_iter()
-            .filter_map(|(name, _)| name.parse().ok())
-            .collect();
+        let mut ids = vec![];
+        for (name, _) in self.location.list_files(dir).await? {
+            // Other files (a `.tmp` a crash left, an editor's backup) are not entries.
+            if name.is_empty() || !name.bytes().all(|b| b.is_ascii_digit()) {
+                continue;
+            }
+            match name.parse::<u64>() {
+                Ok(id) if id <= MAX_BATCH_ID => ids.push(id),
+                _ => {
+                    return Err(Error::Corrupt {
+                        file: self.file(&format!("{dir}/{name}")),
+                        problem: format!(
+                            "is named as no batch weir writes (batch IDs stay below 2^63, as \
+                             Spark's): move it out of '{dir}/'"
+                        ),
+                    });
+                }
+            }
+        }
         ids.sort_unstable();
         Ok(ids)
     }
@@ -570,7 +611,21 @@ fn parse_metadata(location: &Location, bytes: &[u8]) -> Result<Uuid> {
                  run the weir that wrote it"
             ),
         }),
-        Some(_) => Ok(meta.id),
+        // Version 1 had no checksum; from 2 on it must be there and match.
+        Some(1) => Ok(meta.id),
+        Some(v) if v == CHECKPOINT_VERSION => match &meta.fnv64 {
+            Some(sum) if *sum == Metadata::checksum(meta.id, v) => Ok(meta.id),
+            Some(_) => Err(corrupt(
+                "is damaged: its checksum does not match its query ID (the ID is how an \
+                 exactly-once sink recognises the batches it holds: a changed one would write \
+                 them again)"
+                    .into(),
+            )),
+            None => Err(corrupt("is damaged: it has lost its checksum".into())),
+        },
+        Some(v) => Err(corrupt(format!(
+            "has checkpoint version {v}, which no weir writes"
+        ))),
     }
 }
 
@@ -654,6 +709,41 @@ mod tests {
             .unwrap_err();
         assert_eq!(err.error_class(), "CHECKPOINT_LOCATION_NOT_WEIR");
         assert!(err.to_string().contains("Apache Spark"), "{err}");
+    }
+
+    #[test]
+    fn no_single_flipped_bit_of_metadata_passes_as_another_query_id() {
+        let dir = tempfile::tempdir().unwrap();
+        let location = Location::local(dir.path()).unwrap();
+        let meta = Metadata::new(Uuid::new_v4());
+        let bytes = meta.encode().unwrap().to_vec();
+        assert_eq!(parse_metadata(&location, &bytes).unwrap(), meta.id);
+        let mut refused = 0;
+        for at in 0..bytes.len() {
+            for bit in 0..8 {
+                let mut b = bytes.clone();
+                b[at] ^= 1 << bit;
+                match parse_metadata(&location, &b) {
+                    // A hex digit's case, or JSON whitespace: the same ID.
+                    Ok(id) => assert_eq!(id, meta.id, "byte {at} bit {bit}"),
+                    Err(e) => {
+                        assert!(
+                            matches!(e.error_class(), "CHECKPOINT_FILE_CORRUPT"),
+                            "byte {at} bit {bit}: {e}"
+                        );
+                        refused += 1;
+                    }
+                }
+            }
+        }
+        assert!(
+            refused > bytes.len() * 6,
+            "{refused} of {}",
+            bytes.len() * 8
+        );
+        // A checkpoint of the first format (no checksum) still opens.
+        let v1 = format!(r#"{{"id":"{}","weirCheckpointVersion":1}}"#, meta.id);
+        assert_eq!(parse_metadata(&location, v1.as_bytes()).unwrap(), meta.id);
     }
 
     #[tokio::test]

@@ -48,10 +48,13 @@ pub fn resume_point(offsets: &[u64], commits: &[u64]) -> Result<Resume, String> 
     // being made durable in the background.
     match latest_commit {
         Some(c) if c == latest => Ok(Resume::After { last: latest }),
-        Some(c) if c + 1 == latest || c + 2 == latest => Ok(Resume::Replay {
-            batch: c + 1,
-            last: latest,
-        }),
+        Some(c) if c.checked_add(1) == Some(latest) || c.checked_add(2) == Some(latest) => {
+            Ok(Resume::Replay {
+                // c < latest, so c + 1 cannot overflow.
+                batch: c + 1,
+                last: latest,
+            })
+        }
         Some(c) if c > latest => Err(format!(
             "commits/{c} exists but the newest offsets entry is offsets/{latest}: the offsets \
              log lost entries"
@@ -59,7 +62,7 @@ pub fn resume_point(offsets: &[u64], commits: &[u64]) -> Result<Resume, String> 
         Some(c) => Err(format!(
             "the newest offsets entry is offsets/{latest} but the newest commit is commits/{c}: \
              batches {}..{latest} were planned without the one before being committed",
-            c + 1
+            c.saturating_add(1)
         )),
         None if latest <= 1 && offsets.iter().min() == Some(&0) => Ok(Resume::Replay {
             batch: 0,
@@ -122,6 +125,16 @@ mod tests {
         assert!(resume_point(&[0, 1, 2], &[]).is_err());
         assert!(resume_point(&[0, 1], &[0, 1, 2]).is_err());
         assert!(resume_point(&[5, 6], &[]).is_err());
+        // IDs at the end of the range never overflow.
+        assert!(resume_point(&[0, 1, u64::MAX], &[u64::MAX - 5]).is_err());
+        assert!(resume_point(&[0], &[u64::MAX]).is_err());
+        assert_eq!(
+            resume_point(&[u64::MAX], &[u64::MAX - 1]),
+            Ok(Resume::Replay {
+                batch: u64::MAX,
+                last: u64::MAX
+            })
+        );
     }
 
     #[test]

@@ -352,7 +352,7 @@ pub(crate) async fn record_refresh_start(location: &weir_common::Location) -> Re
         .filter_map(|(name, _)| name.parse().ok())
         .collect();
     ids.sort_unstable();
-    let next = ids.last().map_or(0, |n| n + 1);
+    let next = ids.last().map_or(0, |n| n.saturating_add(1));
     if let Some(last) = ids.last()
         && let Some(bytes) = location.get(&format!("{RESETS}/{last}")).await?
         && String::from_utf8_lossy(&bytes).contains("\"done\":false")
@@ -380,7 +380,7 @@ pub(crate) async fn record_refresh_start(location: &weir_common::Location) -> Re
 pub(crate) fn next_reset(resets: &[(u64, ResetRecord)]) -> (u64, Option<&ResetRecord>) {
     match resets.last() {
         Some((n, r)) if !r.done => (*n, Some(r)),
-        Some((n, _)) => (n + 1, None),
+        Some((n, _)) => (n.saturating_add(1), None),
         None => (0, None),
     }
 }

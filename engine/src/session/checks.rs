@@ -130,10 +130,61 @@ pub(super) async fn check_sink(
 ) -> Result<()> {
     let was = checkpoint.read_sink().await?;
     check_sink_change(was.as_ref(), now, logged)?;
-    if was.as_ref() != Some(now) {
-        checkpoint.write_sink(now).await?;
+    check_sink_query_id(checkpoint, was.as_ref())?;
+    let now = crate::checkpoint::SinkRecord {
+        query_id: Some(checkpoint.id()),
+        ..now.clone()
+    };
+    if was.as_ref() != Some(&now) {
+        checkpoint.write_sink(&now).await?;
     }
     Ok(())
+}
+
+/// The sink's own record of its batches against the checkpoint's ([`Sink::check_batches`]):
+/// `was` is the checkpoint's record of the sink; only when it names `sink` was the sink given
+/// every batch, so that each committed one must be there. Writes nothing.
+///
+/// [`Sink::check_batches`]: weir_sinks::Sink::check_batches
+pub(crate) async fn check_sink_batches(
+    checkpoint: &Checkpoint,
+    sink: &dyn weir_sinks::Sink,
+    now: &crate::checkpoint::SinkRecord,
+    was: Option<&crate::checkpoint::SinkRecord>,
+    restart: Option<&RestartPoint>,
+) -> Result<()> {
+    let query_id = checkpoint.id().to_string();
+    let every_batch = was.is_some_and(|w| w.same_target(now));
+    let (last_committed, _) = next_batch(restart);
+    sink.check_batches(&weir_sinks::CheckpointBatches {
+        query_id: &query_id,
+        last_committed: last_committed.filter(|_| every_batch),
+        last_planned: restart.map(RestartPoint::last_planned),
+    })
+    .await?;
+    Ok(())
+}
+
+/// Refuses a checkpoint whose `metadata` holds another query ID than the one its batches were
+/// written with (`was`, the sink record): an exactly-once sink recognises a replayed batch by
+/// the ID, so with another one it would write the batch again. Both files are checksummed, so
+/// this is one of them replaced (from another checkpoint, or by hand), not a flipped bit.
+pub(crate) fn check_sink_query_id(
+    checkpoint: &Checkpoint,
+    was: Option<&crate::checkpoint::SinkRecord>,
+) -> Result<()> {
+    match was.and_then(|w| w.query_id) {
+        Some(written) if written != checkpoint.id() => Err(Error::Corrupt {
+            file: format!("{}/metadata", checkpoint.location().display()),
+            problem: format!(
+                "holds the query ID {}, but the checkpoint's batches were written with the ID \
+                 {written} (its 'sink' record): with another ID an exactly-once sink would \
+                 write a replayed batch again, so one of the two files was replaced",
+                checkpoint.id()
+            ),
+        }),
+        _ => Ok(()),
+    }
 }
 
 /// The restart rule for sinks: `was` is the checkpoint's record (when `logged`, some batch was

@@ -31,7 +31,10 @@ mod tools;
 
 pub use replay::{ReplayReport, ReplayedSource};
 
-use checks::{check_restart_sources, check_sink, check_state, check_state_durable, partitions_for};
+use checks::{
+    check_restart_sources, check_sink, check_sink_batches, check_state, check_state_durable,
+    partitions_for,
+};
 
 use crate::execution::{Execution, NO_DATA_PROGRESS_INTERVAL, RestartPoint};
 use crate::source_evolution::{QuerySource, SOURCE_EVOLUTION};
@@ -239,7 +242,10 @@ impl WeirSession {
     /// Plans `sql` (one statement of DataFusion SQL with weir's streaming relations) without
     /// running it.
     pub async fn plan_sql(&self, sql: &str) -> Result<LogicalPlan> {
-        Ok(self.inner.ctx.state().create_logical_plan(sql).await?)
+        let state = self.inner.ctx.state();
+        // Parsed and its expressions' depth bounded before DataFusion plans it.
+        let statement = weir_planner::limits::parse_statement(&state, sql)?;
+        Ok(state.statement_to_plan(statement).await?)
     }
 }
 
@@ -707,6 +713,7 @@ impl DataStreamWriter {
         let sink_record = crate::checkpoint::SinkRecord {
             format: self.format.to_ascii_lowercase(),
             identity: sink.identity(),
+            query_id: None,
         };
         let sources: Vec<QuerySource> = tables
             .iter()
@@ -784,6 +791,25 @@ impl DataStreamWriter {
             }
         };
         let logged = restart.is_some();
+        // The sink's record of its batches first: a lost entry or a replaced checkpoint is
+        // refused before anything is written.
+        let sink_checked = match checkpoint.read_sink().await {
+            Ok(was) => {
+                check_sink_batches(
+                    &checkpoint,
+                    sink.as_ref(),
+                    &sink_record,
+                    was.as_ref(),
+                    restart.as_ref(),
+                )
+                .await
+            }
+            Err(e) => Err(e),
+        };
+        if let Err(e) = sink_checked {
+            checkpoint.delete_if_temporary();
+            return Err(e);
+        }
         if let Err(e) = check_sink(&checkpoint, &sink_record, logged).await {
             checkpoint.delete_if_temporary();
             return Err(e);
@@ -913,6 +939,17 @@ impl DataStreamWriter {
                     .await?;
             }
             check_state_durable(backend.name(), committed)?;
+            // The state the first batch reads, rebuilt and so checked before anything is
+            // written (blocking work: RocksDB and the checkpoint's files).
+            if committed {
+                let (_, first) = checks::next_batch(restart.as_ref());
+                let (run, ops) = (Arc::clone(&run), operators.clone());
+                tokio::task::spawn_blocking(move || run.prepare(&ops, first))
+                    .await
+                    .map_err(|e| {
+                        Error::Internal(format!("opening the state stores failed: {e}"))
+                    })??;
+            }
             conf.insert(STATE_STORE.to_string(), backend.name().to_string());
             if matches!(backend, StateBackend::Memory) {
                 inner.live_states.register(checkpoint.id(), &run);

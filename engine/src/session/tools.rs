@@ -8,8 +8,8 @@ use weir_common::{Location, Options};
 use weir_sinks::{FileSink, OutputMode, SinkSpec};
 
 use super::checks::{
-    check_operators, check_restart_sources, check_sink_change, check_state_durable, next_batch,
-    partitions_for, planned_operators,
+    check_operators, check_restart_sources, check_sink_batches, check_sink_change,
+    check_sink_query_id, check_state_durable, next_batch, partitions_for, planned_operators,
 };
 use super::{DataStreamWriter, Planned, SHUFFLE_PARTITIONS, STATE_STORE, WATERMARK_POLICY};
 use crate::execution::RestartPoint;
@@ -50,6 +50,20 @@ impl DataStreamWriter {
         let was_sink = checkpoint.read_sink().await?;
         if let Err(e) =
             check_sink_change(was_sink.as_ref(), &planned.sink_record, restart.is_some())
+        {
+            problems.push(e);
+        }
+        if let Err(e) = check_sink_query_id(&checkpoint, was_sink.as_ref()) {
+            problems.push(e);
+        }
+        if let Err(e) = check_sink_batches(
+            &checkpoint,
+            planned.sink.as_ref(),
+            &planned.sink_record,
+            was_sink.as_ref(),
+            restart.as_ref(),
+        )
+        .await
         {
             problems.push(e);
         }
@@ -210,6 +224,14 @@ impl DataStreamWriter {
         use crate::checkpoint::reset::{
             ResetKind, ResetRecord, ResetReport, delete_unused_state, next_reset, plan_state,
         };
+        if from_starting_position && sources.is_empty() {
+            return Err(Error::user(
+                "CHECKPOINT_RESET_INVALID_OPTIONS",
+                "42K06",
+                "from_starting_position says where the sources being reset start, but no source \
+                 is reset: name the sources to start anew (CLI: --source S). Nothing was changed.",
+            ));
+        }
         let planned = self.plan_query()?;
         let Some(dir) = self.checkpoint.clone() else {
             return Err(Error::user(
@@ -255,6 +277,7 @@ impl DataStreamWriter {
             .await?;
             let sink = checkpoint.read_sink().await?;
             check_sink_change(sink.as_ref(), &planned.sink_record, restart.is_some())?;
+            check_sink_query_id(&checkpoint, sink.as_ref())?;
             let (operators, stored) = self
                 .operators_against(&planned, &checkpoint, restart.as_ref())
                 .await?;

@@ -312,6 +312,47 @@ impl StateRun {
         )
     }
 
+    /// Opens every store of `operators` at the version batch `batch` reads, so that a restart
+    /// rebuilds (and so checks) the state it needs from the checkpoint's changelogs and
+    /// snapshots before it writes anything: a damaged or lost state file is refused here, not
+    /// found inside the batch after its offsets were logged and older ones purged. The rebuilt
+    /// instances stay open for the batch. Stores open in parallel, as the batch would.
+    pub(crate) fn prepare(&self, operators: &[OperatorInfo], batch: u64) -> EngineResult<()> {
+        let stores: Vec<(u32, usize, &str)> = operators
+            .iter()
+            .flat_map(|op| {
+                (0..op.num_partitions).flat_map(move |p| {
+                    op.store_names
+                        .iter()
+                        .map(move |n| (op.operator_id, p, n.as_str()))
+                })
+            })
+            .collect();
+        let threads = std::thread::available_parallelism()
+            .map_or(1, |n| n.get())
+            .min(stores.len().max(1));
+        let chunk = stores.len().div_ceil(threads).max(1);
+        std::thread::scope(|scope| {
+            let handles: Vec<_> = stores
+                .chunks(chunk)
+                .map(|part| {
+                    scope.spawn(move || {
+                        for &(operator, partition, name) in part {
+                            self.open_store(operator, partition, name, batch)?;
+                        }
+                        Ok::<_, weir_state::Error>(())
+                    })
+                })
+                .collect();
+            for h in handles {
+                h.join()
+                    .map_err(|_| Error::Internal("a state store panicked while opening".into()))?
+                    .map_err(|e| Error::User(e.into()))?;
+            }
+            Ok(())
+        })
+    }
+
     /// Lets every store of `operators` forget what batches from `batch` on do not need.
     pub(crate) fn purge_below(&self, operators: &[OperatorInfo], batch: u64) -> EngineResult<()> {
         for op in operators {

@@ -28,7 +28,7 @@ use url::Url;
 use weir_common::delta::{self, table_url};
 use weir_common::{ClassifiedError, Options};
 
-use crate::{Error, OutputMode, Result, Sink};
+use crate::{CheckpointBatches, Error, OutputMode, Result, Sink};
 
 const ACCEPTED: &[&str] = &[
     "path",
@@ -238,6 +238,28 @@ impl DeltaSink {
     }
 }
 
+impl DeltaSink {
+    /// No table where the checkpoint says batches were committed: the sink created it when the
+    /// query first started, so it was deleted, and its rows with it.
+    fn missing_table(&self, batches: &CheckpointBatches<'_>) -> Result<()> {
+        let Some(last) = batches.last_committed else {
+            return Ok(());
+        };
+        Err(ClassifiedError::new(
+            "DELTA_STREAMING_TABLE_MISSING",
+            "42P01",
+            format!(
+                "There is no Delta table at {}, although the checkpoint committed batches 0..={last} \
+                 into it (the query created it when it first started): it was deleted, and the \
+                 rows of those batches with it. Restore the table, or start the query over with \
+                 `weir checkpoint reset DIR --full`, which writes every batch again.",
+                self.url
+            ),
+        )
+        .into())
+    }
+}
+
 fn column_names(schema: &SchemaRef) -> String {
     schema
         .fields()
@@ -286,6 +308,71 @@ impl Sink for DeltaSink {
         let table = delta::open(&self.url, &self.options.storage).await?;
         let table = self.prepare(table).await?;
         *self.opened.lock().await = Some((query_id.to_string(), table));
+        Ok(())
+    }
+
+    /// The table's `txn` for the query against the checkpoint: no version past the batches the
+    /// checkpoint planned; in complete mode, where every batch commits, none short of the last
+    /// committed batch; and a table gone while the checkpoint has committed batches is refused.
+    async fn check_batches(&self, batches: &CheckpointBatches<'_>) -> Result<()> {
+        let table = match delta::open(&self.url, &self.options.storage).await {
+            Ok(t) if t.version().is_some() => t,
+            Ok(_) => return self.missing_table(batches),
+            Err(e) if e.class == "DELTA_MISSING_DELTA_TABLE" => {
+                return self.missing_table(batches);
+            }
+            Err(e) => return Err(e.into()),
+        };
+        let doing = format!("read the transactions of the Delta table at {}", self.url);
+        let snapshot = table.snapshot().map_err(|e| delta::error(e, &doing))?;
+        let version = snapshot
+            .transaction_version(table.log_store().as_ref(), batches.query_id)
+            .await
+            .map_err(|e| delta::error(e, &doing))?
+            .and_then(|v| u64::try_from(v).ok());
+        if let Some(v) = version
+            && batches.last_planned.is_none_or(|p| v > p)
+        {
+            return Err(ClassifiedError::new(
+                "DELTA_STREAMING_TXN_AHEAD_OF_CHECKPOINT",
+                "55000",
+                format!(
+                    "The Delta table at {} holds batch {v} of query {}, which this checkpoint \
+                     never planned ({}): the checkpoint is older than the table (restored from \
+                     an earlier copy?), and the batches it runs again would be skipped as \
+                     already written. Restore the checkpoint that wrote the table, or start the \
+                     query over with `weir checkpoint reset DIR --full`.",
+                    self.url,
+                    batches.query_id,
+                    match batches.last_planned {
+                        Some(p) => format!("its newest batch is {p}"),
+                        None => "it has planned none".into(),
+                    }
+                ),
+            )
+            .into());
+        }
+        if self.mode == OutputMode::Complete
+            && let Some(last) = batches.last_committed
+            && version.is_none_or(|v| v < last)
+        {
+            return Err(ClassifiedError::new(
+                "DELTA_STREAMING_TXN_MISSING",
+                "55000",
+                format!(
+                    "The Delta table at {} has no commit of batch {last} of query {} (its newest \
+                     is {}), although the checkpoint committed that batch and every batch of a \
+                     complete-mode query commits: the table was replaced, or the checkpoint's \
+                     query ID is not the one that wrote it. Restore the table or the \
+                     checkpoint, or start the query over with `weir checkpoint reset DIR \
+                     --full`.",
+                    self.url,
+                    batches.query_id,
+                    version.map_or("none".to_string(), |v| format!("batch {v}"))
+                ),
+            )
+            .into());
+        }
         Ok(())
     }
 

@@ -18,6 +18,46 @@ use crate::{Error, Result};
 
 const BATCH_ROWS: usize = 8192;
 
+/// The deepest a JSON record may nest objects and arrays (Jackson's default, which Spark
+/// reads with): a deeper one is a malformed record. arrow's decoder reads any depth, but its
+/// error message for a record of the wrong shape recurses once per level, and 50,000 levels
+/// overflow the stack. (Schema inference, through serde_json, stops at 128 levels.)
+pub const MAX_JSON_DEPTH: usize = 1000;
+
+/// Whether some line of `bytes` nests objects and arrays deeper than [`MAX_JSON_DEPTH`]
+/// (brackets inside strings do not count). One pass over the bytes, no recursion.
+fn json_too_deep(bytes: &[u8]) -> bool {
+    let (mut depth, mut in_string, mut escaped) = (0usize, false, false);
+    for &b in bytes {
+        if in_string {
+            match b {
+                _ if escaped => escaped = false,
+                b'\\' => escaped = true,
+                b'"' => in_string = false,
+                b'\n' => in_string = false,
+                _ => {}
+            }
+            if b == b'\n' {
+                depth = 0;
+            }
+            continue;
+        }
+        match b {
+            b'"' => in_string = true,
+            b'{' | b'[' => {
+                depth += 1;
+                if depth > MAX_JSON_DEPTH {
+                    return true;
+                }
+            }
+            b'}' | b']' => depth = depth.saturating_sub(1),
+            b'\n' => depth = 0,
+            _ => {}
+        }
+    }
+    false
+}
+
 /// The formats of the file source.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum FileFormat {
@@ -171,7 +211,13 @@ pub fn read_file(
                 o,
                 schema: &read_schema,
             };
-            let batches = match decoder.all(&bytes) {
+            // A record nested too deep goes to the record-by-record path, which takes it for
+            // a malformed one before the decoder sees it.
+            let whole = match o.format {
+                FileFormat::Json if json_too_deep(&bytes) => Err(Error::Corrupt(String::new())),
+                _ => decoder.all(&bytes),
+            };
+            let batches = match whole {
                 Ok(batches) => batches
                     .into_iter()
                     .map(|b| with_corrupt(schema, corrupt, b, None))
@@ -300,12 +346,39 @@ impl RecordDecoder<'_> {
             if (header && i == 0) || line.iter().all(u8::is_ascii_whitespace) {
                 continue;
             }
-            let parsed = d.decode(line).and_then(|_| {
-                if self.o.format == FileFormat::Csv {
-                    d.decode(b"\n")?;
+            let parsed = if self.o.format == FileFormat::Json && json_too_deep(line) {
+                Err(arrow::error::ArrowError::JsonError(format!(
+                    "it nests objects and arrays deeper than {MAX_JSON_DEPTH} levels"
+                )))
+            } else {
+                d.decode(line).and_then(|_| {
+                    if self.o.format == FileFormat::Csv {
+                        d.decode(b"\n")?;
+                    }
+                    d.flush()
+                })
+            };
+            // A CSV record with fewer or more fields than the schema's columns, in PERMISSIVE
+            // mode: as Spark, the missing fields are null, the extra ones dropped, and the
+            // record's text goes into the corrupt-record column.
+            let parsed = match parsed {
+                Err(e) if self.o.format == FileFormat::Csv && self.o.mode == Mode::Permissive => {
+                    d = self.decoder(1, false)?;
+                    match self.ragged_csv(&mut d, line) {
+                        Some(b) => {
+                            rows.push(with_corrupt(
+                                schema,
+                                corrupt,
+                                b,
+                                Some(&String::from_utf8_lossy(line)),
+                            )?);
+                            continue;
+                        }
+                        None => Err(e),
+                    }
                 }
-                d.flush()
-            });
+                other => other,
+            };
             match parsed {
                 Ok(Some(b)) if b.num_rows() == 1 => {
                     rows.push(with_corrupt(schema, corrupt, b, None)?);
@@ -355,6 +428,63 @@ impl RecordDecoder<'_> {
             .chunks(BATCH_ROWS)
             .map(|c| concat_batches(schema, c))
             .collect::<Result<Vec<_>, _>>()?)
+    }
+}
+
+impl RecordDecoder<'_> {
+    /// The CSV record `line`, whose number of fields differs from the schema's columns, read
+    /// with the missing fields null and the extra ones dropped; `None` when its field count is
+    /// not what is wrong, or it does not read even so. `d` is a fresh one-row decoder.
+    fn ragged_csv(&self, d: &mut Decoder, line: &[u8]) -> Option<RecordBatch> {
+        let c = &self.o.csv;
+        let mut reader = csv::ReaderBuilder::new();
+        reader
+            .has_headers(false)
+            .flexible(true)
+            .delimiter(c.delimiter)
+            .quote(c.quote)
+            .escape(c.escape);
+        let mut record = csv::ByteRecord::new();
+        if !reader
+            .from_reader(line)
+            .read_byte_record(&mut record)
+            .ok()?
+        {
+            return None;
+        }
+        let n = self.schema.fields().len();
+        if record.len() == n || n == 0 {
+            return None;
+        }
+        let mut writer = csv::WriterBuilder::new();
+        writer.delimiter(c.delimiter).quote(c.quote);
+        if let Some(e) = c.escape {
+            writer.double_quote(false).escape(e);
+        }
+        let mut w = writer.from_writer(vec![]);
+        w.write_record((0..n).map(|i| record.get(i).unwrap_or(b"")))
+            .ok()?;
+        let fixed = w.into_inner().ok()?;
+        d.decode(&fixed).ok()?;
+        let b = d.flush().ok()??;
+        if b.num_rows() != 1 {
+            return None;
+        }
+        // Padded fields are null, whatever nullValue says of an empty field.
+        let columns: Vec<ArrayRef> = b
+            .columns()
+            .iter()
+            .zip(self.schema.fields())
+            .enumerate()
+            .map(|(i, (col, f))| {
+                if i < record.len() {
+                    Arc::clone(col)
+                } else {
+                    new_null_array(f.data_type(), 1)
+                }
+            })
+            .collect();
+        RecordBatch::try_new(Arc::clone(self.schema), columns).ok()
     }
 }
 
@@ -591,10 +721,13 @@ fn infer_csv(o: &FileSourceOptions, contents: &[(String, Bytes)]) -> Result<Sche
     let c = &o.csv;
     let mut schemas = vec![];
     for (path, bytes) in contents {
+        // Rows with fewer or more fields than the header (or the first row) are read as
+        // Spark's PERMISSIVE inference does: the columns are the header's.
         let mut format = arrow::csv::reader::Format::default()
             .with_header(c.header)
             .with_delimiter(c.delimiter)
-            .with_quote(c.quote);
+            .with_quote(c.quote)
+            .with_truncated_rows(true);
         if let Some(e) = c.escape {
             format = format.with_escape(e);
         }
@@ -638,13 +771,18 @@ fn infer_csv(o: &FileSourceOptions, contents: &[(String, Bytes)]) -> Result<Sche
 /// Columns of all `schemas` by name in first-seen order; `widen` settles differing types.
 fn union(schemas: Vec<Schema>, widen: impl Fn(&DataType, &DataType) -> DataType) -> Schema {
     let mut fields: Vec<Field> = vec![];
+    // By name, so that wide files do not make this quadratic.
+    let mut index: std::collections::HashMap<String, usize> = std::collections::HashMap::new();
     for s in schemas {
         for f in s.fields() {
-            match fields.iter_mut().find(|g| g.name() == f.name()) {
-                None => fields.push(f.as_ref().clone()),
-                Some(g) if g.data_type() != f.data_type() => {
-                    let t = widen(g.data_type(), f.data_type());
-                    *g = g.clone().with_data_type(t);
+            match index.get(f.name()) {
+                None => {
+                    index.insert(f.name().clone(), fields.len());
+                    fields.push(f.as_ref().clone());
+                }
+                Some(&i) if fields[i].data_type() != f.data_type() => {
+                    let t = widen(fields[i].data_type(), f.data_type());
+                    fields[i] = fields[i].clone().with_data_type(t);
                 }
                 Some(_) => {}
             }

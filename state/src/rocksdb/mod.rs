@@ -246,10 +246,9 @@ impl RocksDbStateStoreProvider {
         (from..=to).all(|v| self.changelog(id, v).exists())
     }
 
-    /// Replaces the local instance with snapshot `version`. `db` is the open instance, given
-    /// up here.
-    fn restore(&self, id: &StoreId, db: Arc<DB>, version: u64) -> Result<Arc<DB>> {
-        let manifest = snapshot::read(&self.store_dir(id), version)?;
+    /// Gives up the local instance `db` of `id` (it is about to be replaced): closes it and
+    /// removes its folder.
+    fn release_local(&self, id: &StoreId, db: Arc<DB>) -> Result<()> {
         let mut open = self.open.lock().map_err(|_| backend(id, "lock poisoned"))?;
         open.remove(id);
         if Arc::strong_count(&db) > 1 {
@@ -263,18 +262,45 @@ impl RocksDbStateStoreProvider {
         if path.exists() {
             std::fs::remove_dir_all(&path).map_err(|e| backend(id, e))?;
         }
-        snapshot::restore(&self.store_dir(id), &manifest, &path)?;
-        let db = open_db(&path, &self.shared).map_err(|e| backend(id, e))?;
+        Ok(())
+    }
+
+    /// Makes snapshot `version` the local instance (whose folder is gone): copies its files,
+    /// opens them and reads every entry once, so that a damaged file is found now, while an
+    /// older snapshot can still be used, rather than by a later batch. A failed restore leaves
+    /// no local folder behind.
+    fn restore(&self, id: &StoreId, version: u64) -> Result<Arc<DB>> {
+        let path = self.local_dir.join(Self::rel(id));
+        let restored = self.restore_at(id, version, &path);
+        if restored.is_err() {
+            let _ = std::fs::remove_dir_all(&path);
+        }
+        restored
+    }
+
+    fn restore_at(&self, id: &StoreId, version: u64, path: &Path) -> Result<Arc<DB>> {
+        let manifest_file = snapshot::manifest_path(&self.store_dir(id), version)
+            .display()
+            .to_string();
+        let manifest = snapshot::read(&self.store_dir(id), version)?;
+        snapshot::restore(&self.store_dir(id), &manifest, path)?;
+        let db = open_db(path, &self.shared).map_err(|e| Error::Corrupt {
+            file: manifest_file.clone(),
+            problem: format!("lists files RocksDB cannot open ({e})"),
+        })?;
         if local_version(&db, id)? != version {
             return Err(Error::Corrupt {
-                file: snapshot::manifest_path(&self.store_dir(id), version)
-                    .display()
-                    .to_string(),
+                file: manifest_file,
                 problem: "restores to another version than its name says".into(),
             });
         }
+        verify_all(&db).map_err(|e| Error::Corrupt {
+            file: manifest_file,
+            problem: format!("lists a damaged file ({e})"),
+        })?;
         new_instance_id(&db, id)?;
         let db = Arc::new(db);
+        let mut open = self.open.lock().map_err(|_| backend(id, "lock poisoned"))?;
         open.insert(id.clone(), Arc::clone(&db));
         Ok(db)
     }
@@ -292,6 +318,66 @@ impl RocksDbStateStoreProvider {
         wb.put_cf(cf, VERSION_KEY, 0u64.to_le_bytes());
         wb.put_cf(cf, NUM_KEYS_KEY, 0u64.to_le_bytes());
         db.write_opt(wb, &no_wal()).map_err(|e| backend(id, e))
+    }
+
+    /// Rebuilds the local instance `db` of `id` at `version`: from the newest snapshot the
+    /// changelogs can bring to `version`; when that snapshot is damaged, from the one before it
+    /// (the purge keeps two), and so on down to the changelogs alone. The first failure is the
+    /// error when nothing works.
+    fn rebuild(&self, id: &StoreId, db: Arc<DB>, version: u64) -> Result<Arc<DB>> {
+        let mut bases: Vec<Option<u64>> = snapshot::list(&self.store_dir(id))
+            .into_iter()
+            .rev()
+            .filter(|&s| s <= version && self.has_changelogs(id, s + 1, version))
+            .map(Some)
+            .collect();
+        if self.has_changelogs(id, 1, version) {
+            bases.push(None);
+        }
+        if bases.is_empty() {
+            return Err(self.not_found(id, version));
+        }
+        let mut db = Some(db);
+        let mut first_error = None;
+        for base in bases {
+            let attempt = match base {
+                Some(s) => {
+                    if let Some(d) = db.take() {
+                        self.release_local(id, d)?;
+                    }
+                    self.restore(id, s).and_then(|d| {
+                        db = Some(Arc::clone(&d));
+                        self.replay(id, &d, s + 1, version).map(|()| d)
+                    })
+                }
+                None => {
+                    let d = match db.take() {
+                        Some(d) => d,
+                        None => self.db(id)?,
+                    };
+                    db = Some(Arc::clone(&d));
+                    self.clear_local(id, &d)
+                        .and_then(|()| self.replay(id, &d, 1, version))
+                        .map(|()| d)
+                }
+            };
+            match attempt {
+                Ok(d) => {
+                    if let Some(e) = &first_error {
+                        tracing::warn!(
+                            store = %id,
+                            "rebuilt version {version} from {} instead: {e}",
+                            base.map_or("the changelogs alone".to_string(), |s| format!("snapshot {s}"))
+                        );
+                    }
+                    return Ok(d);
+                }
+                Err(e) => {
+                    first_error.get_or_insert(e);
+                }
+            }
+        }
+        Err(first_error.unwrap_or_else(|| self.not_found(id, version)))
     }
 
     fn available(&self, id: &StoreId) -> String {
@@ -353,6 +439,22 @@ impl RocksDbStateStoreProvider {
         }
         Ok(())
     }
+}
+
+/// Reads every entry of every column family of `db` once, checking RocksDB's block checksums.
+fn verify_all(db: &DB) -> std::result::Result<(), rocksdb::Error> {
+    for cf in [rocksdb::DEFAULT_COLUMN_FAMILY_NAME, META_CF] {
+        let Some(handle) = db.cf_handle(cf) else {
+            continue;
+        };
+        let mut read = rocksdb::ReadOptions::default();
+        read.set_verify_checksums(true);
+        read.fill_cache(false);
+        for item in db.iterator_cf_opt(handle, read, IteratorMode::Start) {
+            item?;
+        }
+    }
+    Ok(())
 }
 
 fn open_db(path: &Path, shared: &Shared) -> std::result::Result<DB, rocksdb::Error> {
@@ -595,21 +697,7 @@ impl StateStoreProvider for RocksDbStateStoreProvider {
         } else if local != version {
             // Rebuild: from the newest snapshot the changelogs can bring to `version`, or from
             // nothing. Only what can be rebuilt is cleared.
-            let base = snapshot::list(&self.store_dir(id))
-                .into_iter()
-                .rev()
-                .find(|&s| s <= version && self.has_changelogs(id, s + 1, version));
-            match base {
-                Some(s) => {
-                    db = self.restore(id, db, s)?;
-                    self.replay(id, &db, s + 1, version)?;
-                }
-                None if self.has_changelogs(id, 1, version) => {
-                    self.clear_local(id, &db)?;
-                    self.replay(id, &db, 1, version)?;
-                }
-                None => return Err(self.not_found(id, version)),
-            }
+            db = self.rebuild(id, db, version)?;
         }
         Ok(Box::new(RocksDbStateStore {
             id: id.clone(),
@@ -1321,11 +1409,11 @@ mod tests {
         left.sort_unstable();
         assert_eq!(
             left,
-            vec![5, 6],
-            "changelogs left after purging below 4 (snapshot 4)"
+            vec![3, 4, 5, 6],
+            "changelogs left after purging below 4 (snapshot 4, and snapshot 2 in case 4 is damaged)"
         );
         drop(p);
-        // A new process rebuilds version 6 from snapshot 4 and changelogs 5 and 6.
+        // A new process rebuilds version 6 from snapshot 6.
         let p = asynchronous(&dir, "local-b");
         check_version(p.open(&id, 6).unwrap().as_ref(), 6);
     }
@@ -1342,22 +1430,23 @@ mod tests {
         let files = || std::fs::read_dir(store_dir.join("files")).unwrap().count();
         let before = files();
 
-        // Keep what versions >= 17 need: snapshot 15 and changelogs 16.., nothing older.
+        // Keep what versions >= 17 need: snapshot 15 and changelogs 16.., and snapshot 10 and
+        // changelogs 11.. to fall back on if snapshot 15 is damaged; nothing older.
         p.purge_below(&id, 17).unwrap();
-        assert_eq!(snapshot::list(&store_dir), vec![15, 20]);
-        assert!(!p.changelog(&id, 15).exists() && p.changelog(&id, 16).exists());
+        assert_eq!(snapshot::list(&store_dir), vec![10, 15, 20]);
+        assert!(!p.changelog(&id, 10).exists() && p.changelog(&id, 11).exists());
         assert!(
             files() < before,
             "files only older snapshots listed are removed"
         );
 
-        // Another machine rebuilds 23 from snapshot 20, 17 from snapshot 15; 12 is gone.
+        // Another machine rebuilds 23 from snapshot 20, 17 from snapshot 15; 7 is gone.
         let q = with_snapshots(&dir, "local-b", 5);
         check_version(q.open(&id, 23).unwrap().as_ref(), 23);
         check_version(q.open(&id, 17).unwrap().as_ref(), 17);
-        let err = q.open(&id, 12).err().unwrap();
+        let err = q.open(&id, 7).err().unwrap();
         assert_eq!(err.error_class(), "STATE_STORE_VERSION_NOT_FOUND", "{err}");
-        assert!(err.to_string().contains("snapshots 15, 20"), "{err}");
+        assert!(err.to_string().contains("snapshots 10, 15, 20"), "{err}");
 
         // A restored instance goes on committing and snapshotting under a new ID: its files
         // never overwrite the ones the first instance uploaded.
@@ -1366,16 +1455,74 @@ mod tests {
         let r = with_snapshots(&dir, "local-c", 5);
         check_version(r.open(&id, 20).unwrap().as_ref(), 20);
 
-        // A damaged snapshot manifest is reported, not used.
-        let path = snapshot::manifest_path(&store_dir, 20);
-        let mut bytes = std::fs::read(&path).unwrap();
-        bytes[10] ^= 0xff;
-        std::fs::write(&path, bytes).unwrap();
-        let err = with_snapshots(&dir, "local-d", 5)
+        // A damaged snapshot is not used: the store is rebuilt from the one before it and the
+        // changelogs after that; with every kept snapshot damaged, the first is reported.
+        let damage = |v: u64| {
+            let path = snapshot::manifest_path(&store_dir, v);
+            let mut bytes = std::fs::read(&path).unwrap();
+            bytes[10] ^= 0xff;
+            std::fs::write(&path, bytes).unwrap();
+        };
+        damage(20);
+        check_version(
+            with_snapshots(&dir, "local-d", 5)
+                .open(&id, 21)
+                .unwrap()
+                .as_ref(),
+            21,
+        );
+        damage(15);
+        check_version(
+            with_snapshots(&dir, "local-e", 5)
+                .open(&id, 21)
+                .unwrap()
+                .as_ref(),
+            21,
+        );
+        damage(10);
+        let err = with_snapshots(&dir, "local-f", 5)
             .open(&id, 21)
             .err()
             .unwrap();
         assert_eq!(err.error_class(), "STATE_STORE_FILE_CORRUPT", "{err}");
+        assert!(err.to_string().contains("20.snapshot"), "{err}");
+    }
+
+    #[test]
+    fn a_damaged_file_of_the_newest_snapshot_is_found_at_restore_and_an_older_one_used() {
+        let dir = tempfile::tempdir().unwrap();
+        let id = StoreId::new(0, 0, "default");
+        let p = with_snapshots(&dir, "local-a", 5);
+        write_versions(&p, &id, 12);
+        drop(p);
+        let store_dir = dir.path().join("checkpoint/0/0/default");
+        assert_eq!(snapshot::list(&store_dir), vec![5, 10]);
+        // Every SST file snapshot 10 lists that snapshot 5 does not, one byte flipped in its
+        // middle (where the data blocks are, under RocksDB's checksums).
+        let listed = |v: u64| -> Vec<String> {
+            snapshot::read(&store_dir, v)
+                .unwrap()
+                .files
+                .into_iter()
+                .filter(|f| f.name.ends_with(".sst"))
+                .map(|f| f.stored)
+                .collect()
+        };
+        let older = listed(5);
+        let newer: Vec<String> = listed(10)
+            .into_iter()
+            .filter(|f| !older.contains(f))
+            .collect();
+        assert!(!newer.is_empty());
+        for f in &newer {
+            let path = store_dir.join("files").join(f);
+            let mut bytes = std::fs::read(&path).unwrap();
+            let at = bytes.len() / 4;
+            bytes[at] ^= 0x10;
+            std::fs::write(&path, bytes).unwrap();
+        }
+        let q = with_snapshots(&dir, "local-b", 5);
+        check_version(q.open(&id, 12).unwrap().as_ref(), 12);
     }
 
     #[test]

@@ -225,12 +225,14 @@ pub(super) fn restore(store_dir: &Path, manifest: &Manifest, db_path: &Path) -> 
     Ok(())
 }
 
-/// Removes what no version at or above the newest snapshot at or below `version` needs: older
-/// snapshots, the changelogs they cover, and files no remaining snapshot lists. Returns the
-/// snapshot kept as the base, if any.
+/// Removes what versions at or above `version` need neither from the newest snapshot at or
+/// below it nor from the one before (the fallback when the newest is damaged): older snapshots,
+/// the changelogs they cover, and files no remaining snapshot lists. Until there are two such
+/// snapshots, the changelogs from version 1 are the fallback and stay. Returns the snapshot
+/// kept as the oldest base, if any.
 pub(super) fn purge(store_dir: &Path, version: u64) -> std::io::Result<Option<u64>> {
     let snapshots = list(store_dir);
-    let Some(&base) = snapshots.iter().rev().find(|&&s| s <= version) else {
+    let Some(&base) = snapshots.iter().rev().filter(|&&s| s <= version).nth(1) else {
         return Ok(None);
     };
     let remove = |p: PathBuf| match std::fs::remove_file(p) {
