@@ -65,6 +65,7 @@ const COMMON: &[&str] = &[
     "recursiveFileLookup",
     "maxFileAge",
     "cleanSource",
+    "maxColumns",
     "sourceArchiveDir",
     "mode",
     "columnNameOfCorruptRecord",
@@ -132,7 +133,13 @@ pub struct FileSourceOptions {
     pub schema_location: Option<String>,
     /// S3 client options (`aws_*`), over the environment.
     pub storage: Vec<(String, String)>,
+    /// The most columns an inferred schema may have (`maxColumns`, Spark's CSV option, here
+    /// for JSON too): wider files are refused rather than planned for minutes.
+    pub max_columns: usize,
 }
+
+/// The default of `maxColumns` (Spark's CSV default).
+pub const DEFAULT_MAX_COLUMNS: i64 = 20_480;
 
 impl FileSourceOptions {
     /// Reads the options of a file source of `format`.
@@ -258,6 +265,7 @@ impl FileSourceOptions {
             schema_location: r.string("schemaLocation"),
             storage,
             path,
+            max_columns: r.int_between("maxColumns", DEFAULT_MAX_COLUMNS, 1, 1 << 20)? as usize,
         })
     }
 }

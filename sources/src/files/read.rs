@@ -207,6 +207,11 @@ pub fn read_file(
         FileFormat::Parquet => read_parquet(schema, path, bytes),
         FileFormat::Json | FileFormat::Csv => {
             let (read_schema, corrupt) = split_corrupt(o, schema);
+            if read_schema.fields().is_empty() {
+                // Only the corrupt-record column (inferred from files holding no JSON object):
+                // one row per record, the text of those that are not JSON objects.
+                return corrupt_only(o, schema, corrupt, path, &bytes);
+            }
             let decoder = RecordDecoder {
                 o,
                 schema: &read_schema,
@@ -227,6 +232,65 @@ pub fn read_file(
             Ok(batches)
         }
     }
+}
+
+/// The records of a file read with no column but the corrupt-record one: a row per non-blank
+/// line, null for a JSON object and the line's text for anything else (per the mode).
+fn corrupt_only(
+    o: &FileSourceOptions,
+    schema: &SchemaRef,
+    corrupt: Option<usize>,
+    path: &str,
+    bytes: &[u8],
+) -> Result<Vec<RecordBatch>> {
+    let mut texts: Vec<Option<String>> = vec![];
+    for (i, line) in bytes.split(|b| *b == b'\n').enumerate() {
+        let line = line.strip_suffix(b"\r").unwrap_or(line);
+        if line.iter().all(u8::is_ascii_whitespace) {
+            continue;
+        }
+        let object = !json_too_deep(line)
+            && matches!(
+                serde_json::from_slice::<serde_json::Value>(line),
+                Ok(serde_json::Value::Object(_))
+            );
+        if object {
+            texts.push(None);
+            continue;
+        }
+        match o.mode {
+            Mode::DropMalformed => {}
+            Mode::Permissive => texts.push(Some(String::from_utf8_lossy(line).into_owned())),
+            Mode::FailFast => {
+                return Err(ClassifiedError::new(
+                    "MALFORMED_RECORD_IN_PARSING",
+                    "22023",
+                    format!(
+                        "Malformed json record at line {} of '{path}' (mode FAILFAST): it is \
+                         not a JSON object. Record: {}. Fix or remove the file, or read with \
+                         mode PERMISSIVE or DROPMALFORMED.",
+                        i + 1,
+                        truncate(&String::from_utf8_lossy(line), 200)
+                    ),
+                )
+                .into());
+            }
+        }
+    }
+    if texts.is_empty() {
+        return Ok(vec![]);
+    }
+    let rows = texts.len();
+    let columns: Vec<ArrayRef> = match corrupt {
+        Some(_) => vec![Arc::new(StringArray::from(texts))],
+        None => vec![],
+    };
+    let options = arrow::record_batch::RecordBatchOptions::new().with_row_count(Some(rows));
+    Ok(vec![RecordBatch::try_new_with_options(
+        Arc::clone(schema),
+        columns,
+        &options,
+    )?])
 }
 
 /// Puts the corrupt-record column (null, or `text` for a one-row batch) into `b`.
@@ -626,6 +690,9 @@ async fn infer(o: &FileSourceOptions) -> Result<Schema> {
             union(schemas, |a, _| a.clone())
         }
     };
+    if schema.fields().len() > o.max_columns {
+        return Err(too_wide(o, schema.fields().len()).into());
+    }
     if schema.fields().is_empty() {
         return Err(ClassifiedError::new(
             "UNABLE_TO_INFER_SCHEMA",
@@ -640,6 +707,23 @@ async fn infer(o: &FileSourceOptions) -> Result<Schema> {
         .into());
     }
     Ok(schema)
+}
+
+/// The error for files whose inferred schema has `columns` columns, more than `maxColumns`.
+fn too_wide(o: &FileSourceOptions, columns: usize) -> ClassifiedError {
+    ClassifiedError::new(
+        "INFERRED_SCHEMA_TOO_WIDE",
+        "54011",
+        format!(
+            "The {} files in '{}' have at least {columns} columns, more than maxColumns ({}). \
+             Give the columns to read with the `schema` option, or raise maxColumns if the \
+             files really are this wide (planning a query grows with the square of its \
+             columns).",
+            o.format.name(),
+            o.path,
+            o.max_columns
+        ),
+    )
 }
 
 /// JSON: every line of every file, fields sorted by name as Spark's inference.
@@ -737,6 +821,9 @@ fn infer_csv(o: &FileSourceOptions, contents: &[(String, Bytes)]) -> Result<Sche
         let (schema, _) = format
             .infer_schema(Cursor::new(bytes), None)
             .map_err(|e| failed_read(path, e))?;
+        if schema.fields().len() > o.max_columns {
+            return Err(too_wide(o, schema.fields().len()).into());
+        }
         let fields: Vec<Field> = schema
             .fields()
             .iter()
