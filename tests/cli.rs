@@ -440,3 +440,266 @@ fn bench_files_and_kafka_workloads_run_on_prepared_inputs() {
         "{r}"
     );
 }
+
+/// Every file under `dir` with its content, sorted.
+fn snapshot_of(dir: &std::path::Path) -> Vec<(String, Vec<u8>)> {
+    let mut out = vec![];
+    let mut todo = vec![dir.to_path_buf()];
+    while let Some(d) = todo.pop() {
+        for e in std::fs::read_dir(d).unwrap().flatten() {
+            if e.file_type().unwrap().is_dir() {
+                todo.push(e.path());
+            } else if e.file_name() != ".weir-lock" {
+                let rel = e.path().strip_prefix(dir).unwrap().display().to_string();
+                out.push((rel, std::fs::read(e.path()).unwrap()));
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
+#[test]
+fn reset_flags_that_do_not_mean_one_thing_are_refused_before_anything_changes() {
+    let dir = tempfile::tempdir().unwrap();
+    let (ck, out) = (dir.path().join("ck"), dir.path().join("out"));
+    let sql = format!(
+        "CREATE STREAMING TABLE t USING parquet LOCATION '{}' AS SELECT value FROM STREAM \
+         rate_micro_batch(rowsPerBatch => 5)",
+        out.display()
+    );
+    let query = dir.path().join("q.sql");
+    std::fs::write(&query, &sql).unwrap();
+    let ck_s = ck.to_str().unwrap();
+    let (ok, _, stderr) = weir(&[
+        "run",
+        "-e",
+        &sql,
+        "--checkpoint",
+        ck_s,
+        "--max-batches",
+        "2",
+    ]);
+    assert!(ok, "{stderr}");
+    let before = (snapshot_of(&ck), snapshot_of(&out));
+    let q = query.to_str().unwrap();
+    for args in [
+        vec!["--full", "--source", "0"],
+        vec!["--full", "--from-starting-position"],
+        vec!["--full", "--source", "0", "--from-starting-position"],
+        vec!["--query", q, "--keep-sink-data"],
+        vec!["--query", q, "--from-starting-position"],
+        vec!["--query", q, "--full"],
+        vec![],
+    ] {
+        let mut all = vec!["checkpoint", "reset", ck_s];
+        all.extend(&args);
+        let (ok, _, stderr) = weir(&all);
+        assert!(!ok, "{args:?} was accepted");
+        assert!(stderr.contains("error"), "{args:?}: {stderr}");
+        assert_eq!(
+            (snapshot_of(&ck), snapshot_of(&out)),
+            before,
+            "{args:?} changed the checkpoint or the output"
+        );
+    }
+}
+
+#[test]
+fn max_batches_with_a_processing_time_trigger_exits_when_the_last_batch_commits() {
+    // With an hour's trigger, the second batch would wait up to an hour: the run must end as
+    // its one batch commits, not one interval later.
+    let mut child = Command::new(env!("CARGO_BIN_EXE_weir"))
+        .args([
+            "run",
+            "-e",
+            "SELECT value FROM STREAM rate_micro_batch(rowsPerBatch => 3)",
+            "--trigger",
+            "processingTime=1 hour",
+            "--max-batches",
+            "1",
+        ])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break Some(s);
+        }
+        if std::time::Instant::now() > deadline {
+            break None;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    };
+    if status.is_none() {
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+    assert!(
+        status.is_some_and(|s| s.success()),
+        "still waiting for the next trigger: {status:?}"
+    );
+}
+
+/// The inputs that aborted the process or hung it: each gets an error class that says what is
+/// wrong (or, for a ragged CSV and a JSON file without JSON, Spark's PERMISSIVE answer).
+#[test]
+fn malformed_inputs_get_classified_errors_not_aborts() {
+    let dir = tempfile::tempdir().unwrap();
+    let sum = |terms: usize, what: &str| vec![what; terms].join(" + ");
+    let refused = |sql: &str, class: &str| {
+        let (ok, _, stderr) = weir(&["run", "-e", sql, "--max-batches", "1"]);
+        assert!(!ok, "accepted: {}", &sql[..sql.len().min(200)]);
+        assert!(!stderr.contains("overflow"), "{stderr}");
+        assert!(stderr.contains(class), "{class}: {stderr}");
+    };
+    // A sum of 10,000 terms, batch and streaming; 100,000 too.
+    refused(
+        &format!("SELECT {} AS s", sum(10_000, "1")),
+        "EXPRESSION_NESTING_TOO_DEEP",
+    );
+    refused(
+        &format!(
+            "SELECT {} AS s FROM STREAM rate_micro_batch(rowsPerBatch => 1)",
+            sum(10_000, "value")
+        ),
+        "EXPRESSION_NESTING_TOO_DEEP",
+    );
+    let file = dir.path().join("deep.sql");
+    std::fs::write(&file, format!("SELECT {} AS s", sum(100_000, "1"))).unwrap();
+    let (ok, _, stderr) = weir(&["run", file.to_str().unwrap()]);
+    assert!(
+        !ok && stderr.contains("EXPRESSION_NESTING_TOO_DEEP"),
+        "{stderr}"
+    );
+    // Counts near i64::MAX, that allocated terabytes.
+    for sql in [
+        "SELECT * FROM STREAM rate_micro_batch(rowsPerBatch => 9223372036854775807)",
+        "SELECT * FROM STREAM rate_micro_batch(rowsPerBatch => 4611686018427387904)",
+        "SELECT * FROM STREAM rate(rowsPerSecond => 9223372036854775807)",
+        "SELECT * FROM STREAM rate(rowsPerSecond => 4611686018427387904)",
+        "SELECT * FROM STREAM rate(numPartitions => 4611686018427387904)",
+    ] {
+        refused(sql, "STREAMING_INVALID_OPTION");
+    }
+    // The same option twice.
+    refused(
+        "SELECT * FROM STREAM rate_micro_batch(rowsPerBatch => 2, ROWSPERBATCH => 3)",
+        "DUPLICATE_ROUTINE_PARAMETER_ASSIGNMENT",
+    );
+    refused(
+        &format!(
+            "CREATE STREAMING TABLE t USING parquet LOCATION '{}' OPTIONS (compression 'zstd', \
+             COMPRESSION 'none') AS SELECT * FROM STREAM rate_micro_batch(rowsPerBatch => 2)",
+            dir.path().join("o").display()
+        ),
+        "DUPLICATE_KEY",
+    );
+
+    // A log entry named u64::MAX.
+    let ck = dir.path().join("ck");
+    let sql = "SELECT value FROM STREAM rate_micro_batch(rowsPerBatch => 2)";
+    let ck_s = ck.to_str().unwrap();
+    let (ok, _, stderr) = weir(&["run", "-e", sql, "--checkpoint", ck_s, "--max-batches", "1"]);
+    assert!(ok, "{stderr}");
+    for log in ["offsets", "commits"] {
+        let name = format!("{log}/18446744073709551615");
+        std::fs::copy(ck.join(format!("{log}/0")), ck.join(&name)).unwrap();
+        let (ok, _, stderr) = weir(&["run", "-e", sql, "--checkpoint", ck_s, "--max-batches", "1"]);
+        assert!(!ok);
+        assert!(
+            stderr.contains("CHECKPOINT_FILE_CORRUPT") && stderr.contains(&name),
+            "{stderr}"
+        );
+        std::fs::remove_file(ck.join(&name)).unwrap();
+    }
+
+    let files = |name: &str, content: &str| {
+        let d = dir.path().join(name);
+        std::fs::create_dir_all(&d).unwrap();
+        std::fs::write(d.join("f"), content).unwrap();
+        d.display().to_string()
+    };
+    let read = |path: &str, format: &str, extra: &str| {
+        weir(&[
+            "run",
+            "-e",
+            &format!("SELECT * FROM STREAM read_files('{path}', format => '{format}'{extra})"),
+            "--trigger",
+            "availableNow",
+        ])
+    };
+    // A JSON line nested 50,000 deep, between two good ones: a malformed record.
+    let deep = format!(
+        "{{\"a\": 1}}\n{}1{}\n{{\"a\": 2}}\n",
+        "{\"a\":".repeat(50_000),
+        "}".repeat(50_000)
+    );
+    let (ok, stdout, stderr) = read(&files("deep", &deep), "json", "");
+    assert!(ok, "{stderr}");
+    assert!(stdout.contains("|                NULL|   1|"), "{stdout}");
+    assert!(
+        stdout.contains("|{\"a\":{\"a\":{\"a\":{\"...|NULL|"),
+        "{stdout}"
+    );
+    let (ok, _, stderr) = read(
+        &files("deep2", &deep),
+        "json",
+        ", mode => 'FAILFAST', schema => 'a BIGINT'",
+    );
+    assert!(!ok);
+    assert!(
+        stderr.contains("MALFORMED_RECORD_IN_PARSING") && stderr.contains("deeper than 1000"),
+        "{stderr}"
+    );
+    // Ragged CSV rows with an inferred schema: missing fields null, extra ones dropped.
+    let (ok, stdout, stderr) = read(
+        &files("ragged", "a,b,c\n1,2,3\n4,5\n6,7,8,9\n"),
+        "csv",
+        ", header => true",
+    );
+    assert!(ok, "{stderr}");
+    for row in ["|  1|  2|   3|", "|  4|  5|NULL|", "|  6|  7|   8|"] {
+        assert!(stdout.contains(row), "{row}: {stdout}");
+    }
+    // No JSON line at all: the lines are _corrupt_record rows, as the README says.
+    let (ok, stdout, stderr) = read(&files("nojson", "hello\nworld\n"), "json", "");
+    assert!(ok, "{stderr}");
+    assert!(
+        stdout.contains("|_corrupt_record|")
+            && stdout.contains("|          hello|")
+            && stdout.contains("|          world|"),
+        "{stdout}"
+    );
+    // 100,000 JSON fields, and a 10 MB CSV line of 5,000,000 fields: refused by width.
+    let wide_json = format!(
+        "{{{}}}\n",
+        (0..100_000)
+            .map(|i| format!("\"f{i}\":{i}"))
+            .collect::<Vec<_>>()
+            .join(",")
+    );
+    let (ok, _, stderr) = read(&files("widejson", &wide_json), "json", "");
+    assert!(!ok);
+    assert!(stderr.contains("INFERRED_SCHEMA_TOO_WIDE"), "{stderr}");
+    let wide_csv = format!("{}\n", vec!["1"; 5_000_000].join(","));
+    let (ok, _, stderr) = read(&files("widecsv", &wide_csv), "csv", "");
+    assert!(!ok);
+    assert!(stderr.contains("INFERRED_SCHEMA_TOO_WIDE"), "{stderr}");
+    // One 10 MB field is a right answer, not a hang.
+    let long = format!("{}\n", "x".repeat(10_000_000));
+    let (ok, stdout, stderr) = weir(&[
+        "run",
+        "-e",
+        &format!(
+            "SELECT length(_c0) AS n FROM STREAM read_files('{}', format => 'csv')",
+            files("longcsv", &long)
+        ),
+        "--trigger",
+        "availableNow",
+    ]);
+    assert!(ok, "{stderr}");
+    assert!(stdout.contains("10000000"), "{stdout}");
+}

@@ -11,6 +11,8 @@
 use std::path::Path;
 use std::process::Command;
 
+mod support;
+
 /// Every file under `dir` with its content.
 fn contents(dir: &Path) -> Vec<(String, Vec<u8>)> {
     let mut out = vec![];
@@ -59,14 +61,20 @@ const DAMAGES: [Damage; 7] = [
     Damage::Newer,
 ];
 
-/// Asserts that every file of `damaged` (the checkpoint as a refused run found it) is still in
-/// `dir` as it was.
+/// Asserts that `dir` holds exactly the files of `damaged` (the checkpoint as a refused run
+/// found it), each as it was: the run refused before writing anything.
 fn assert_unchanged(case: &str, damaged: &[(String, Vec<u8>)], dir: &Path) {
     let after = contents(dir);
     for (rel, bytes) in damaged.iter().filter(|(rel, _)| rel != ".weir-lock") {
         assert!(
             after.iter().any(|(r, b)| r == rel && b == bytes),
             "{case}: {rel} was changed"
+        );
+    }
+    for (rel, _) in after.iter().filter(|(rel, _)| rel != ".weir-lock") {
+        assert!(
+            damaged.iter().any(|(r, _)| r == rel),
+            "{case}: {rel} was written by a refused run"
         );
     }
 }
@@ -102,8 +110,8 @@ fn damage(path: &Path, how: Damage) {
                 b
             } else if let Some(rest) = text.strip_prefix("v2").or(text.strip_prefix("v1")) {
                 format!("v9{rest}").into_bytes()
-            } else if text.contains("\"weirCheckpointVersion\":1") {
-                text.replace("\"weirCheckpointVersion\":1", "\"weirCheckpointVersion\":9")
+            } else if text.contains("\"weirCheckpointVersion\":2") {
+                text.replace("\"weirCheckpointVersion\":2", "\"weirCheckpointVersion\":9")
                     .into_bytes()
             } else {
                 format!("v9\n{text}").into_bytes()
@@ -275,8 +283,7 @@ fn every_damaged_checkpoint_file_is_refused_by_name_or_recovered_exactly() {
                 err.to_lowercase().contains("restore") && err.contains("new checkpoint location"),
                 "{case}: no recovery options: {err}"
             );
-            // Nothing the run found was overwritten or removed (a failing batch may have
-            // logged its offsets).
+            // Nothing the run found was overwritten or removed, and nothing was added.
             assert_unchanged(&case, &damaged, &s.ck());
             report.push(format!("{case}: {}", class.unwrap_or_default()));
         }
@@ -367,7 +374,7 @@ fn a_sources_damaged_start_file_is_refused_by_name_and_a_lost_one_is_resolved_ag
     let rate_ck = delta.work.path().join("rate-ck").display().to_string();
     let (ok, err) = weir_run(&["--checkpoint", &rate_ck, "--max-batches", "2"], &rate_sql);
     assert!(ok, "{err}");
-    for d in ["ck", "out", "rate-ck"] {
+    for d in ["ck", "out", "rate-ck", "rate-out"] {
         copy_dir(&delta.work.path().join(d), &delta.base.path().join(d));
     }
     // Five more rows in the table: 0..15 in all.
@@ -378,11 +385,12 @@ fn a_sources_damaged_start_file_is_refused_by_name_and_a_lost_one_is_resolved_ag
         for how in DAMAGES {
             let case = format!("{ck}/{file} {how:?}");
             delta.restore();
-            let _ = std::fs::remove_dir_all(delta.work.path().join("rate-ck"));
-            copy_dir(
-                &delta.base.path().join("rate-ck"),
-                &delta.work.path().join("rate-ck"),
-            );
+            // The rate query's checkpoint and its table go back together: a table ahead of
+            // its checkpoint is refused.
+            for d in ["rate-ck", "rate-out"] {
+                let _ = std::fs::remove_dir_all(delta.work.path().join(d));
+                copy_dir(&delta.base.path().join(d), &delta.work.path().join(d));
+            }
             let dir = delta.work.path().join(ck);
             damage(&dir.join(file), how);
             let damaged = contents(&dir);
@@ -502,4 +510,216 @@ fn a_file_sources_compacted_log_is_read_whole_and_refused_by_name_when_damaged()
         .unwrap();
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(text.contains("12,66"), "each of the 12 files once: {text}");
+}
+
+/// One bit of the query ID in `metadata` flipped, so that it still reads as a UUID (the first
+/// hex digit that has a one-bit neighbour among the hex digits).
+fn flip_a_bit_of_the_query_id(metadata: &Path) {
+    let text = std::fs::read_to_string(metadata).unwrap();
+    let start = text.find("\"id\":\"").unwrap() + 6;
+    let at = (start..start + 36)
+        .find(|&i| matches!(text.as_bytes()[i], b'0'..=b'9' | b'b'..=b'e'))
+        .unwrap();
+    let mut bytes = text.into_bytes();
+    bytes[at] ^= 1;
+    std::fs::write(metadata, bytes).unwrap();
+}
+
+/// The Delta table's rows and distinct values of `value`.
+fn delta_rows(table: &Path) -> (i64, i64) {
+    let out = Command::new(env!("CARGO_BIN_EXE_weir"))
+        .args([
+            "run",
+            "-e",
+            &format!(
+                "CREATE EXTERNAL TABLE d STORED AS DELTA LOCATION '{}'; SELECT concat('rows=', \
+                 count(*), ',distinct=', count(DISTINCT value)) AS r FROM d",
+                table.display()
+            ),
+        ])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    let line = text
+        .lines()
+        .find(|l| l.contains("rows="))
+        .unwrap_or_else(|| panic!("{text} {}", String::from_utf8_lossy(&out.stderr)));
+    let cell = line.trim_matches(|c| c == '|' || c == ' ');
+    let (rows, distinct) = cell.split_once(',').unwrap();
+    (
+        rows.trim_start_matches("rows=").parse().unwrap(),
+        distinct.trim_start_matches("distinct=").parse().unwrap(),
+    )
+}
+
+/// The issue's case: a batch is committed to Delta, the process is killed before `commits/N`,
+/// and one bit of the query ID in `metadata` flips. The restart is refused by name (the Delta
+/// sink would not recognise the batch under another ID and append it again); with the ID
+/// restored the batch is replayed and skipped. A `metadata` replaced whole, with its checksum
+/// (another checkpoint's), is refused by the sink record's query ID.
+#[test]
+fn a_flipped_bit_in_metadata_is_refused_and_never_doubles_a_delta_batch() {
+    let work = tempfile::tempdir().unwrap();
+    let (ck, table) = (work.path().join("ck"), work.path().join("t"));
+    let sql = format!(
+        "CREATE STREAMING TABLE t USING delta LOCATION '{}' AS SELECT value FROM STREAM \
+         rate_micro_batch(rowsPerBatch => 10)",
+        table.display()
+    );
+    let ck_s = ck.to_str().unwrap();
+    let (ok, err) = weir_run(&["--checkpoint", ck_s, "--max-batches", "2"], &sql);
+    assert!(ok, "{err}");
+    support::run_and_kill_at(&sql, ck_s, "after_sink", 2);
+    assert!(!ck.join("commits/2").exists());
+    assert_eq!(delta_rows(&table), (30, 30));
+    let good = std::fs::read(ck.join("metadata")).unwrap();
+
+    flip_a_bit_of_the_query_id(&ck.join("metadata"));
+    let damaged = contents(&ck);
+    let (ok, err) = weir_run(&["--checkpoint", ck_s, "--max-batches", "1"], &sql);
+    assert!(!ok, "a flipped query ID was accepted");
+    assert!(
+        err.contains("CHECKPOINT_FILE_CORRUPT") && err.contains("metadata"),
+        "{err}"
+    );
+    assert_unchanged("flipped metadata", &damaged, &ck);
+    assert_eq!(delta_rows(&table), (30, 30), "nothing appended");
+
+    // Another checkpoint's metadata, whole and checksummed.
+    let other = work.path().join("other");
+    let (ok, err) = weir_run(
+        &[
+            "--checkpoint",
+            other.to_str().unwrap(),
+            "--max-batches",
+            "1",
+        ],
+        &format!(
+            "CREATE STREAMING TABLE o USING delta LOCATION '{}' AS SELECT value FROM STREAM \
+             rate_micro_batch(rowsPerBatch => 1)",
+            work.path().join("o").display()
+        ),
+    );
+    assert!(ok, "{err}");
+    std::fs::copy(other.join("metadata"), ck.join("metadata")).unwrap();
+    let replaced = contents(&ck);
+    let (ok, err) = weir_run(&["--checkpoint", ck_s, "--max-batches", "1"], &sql);
+    assert!(!ok, "another checkpoint's metadata was accepted");
+    assert!(
+        err.contains("CHECKPOINT_FILE_CORRUPT") && err.contains("'sink' record"),
+        "{err}"
+    );
+    assert_unchanged("replaced metadata", &replaced, &ck);
+
+    // Restored: batch 2 is replayed and skipped, batch 3 appended; every value once.
+    std::fs::write(ck.join("metadata"), good).unwrap();
+    let (ok, err) = weir_run(&["--checkpoint", ck_s, "--max-batches", "2"], &sql);
+    assert!(ok, "{err}");
+    assert_eq!(delta_rows(&table), (40, 40));
+}
+
+/// A file sink's output, damaged: a lost manifest entry of a committed batch, or a listed part
+/// file lost, emptied or cut. A restart is refused by name before it writes anything, and
+/// batch SQL over the folder names a damaged part file instead of reading fewer rows.
+#[test]
+fn a_file_sinks_lost_entry_or_damaged_part_file_is_refused_by_name() {
+    let work = tempfile::tempdir().unwrap();
+    let (ck, out) = (work.path().join("ck"), work.path().join("out"));
+    let sql = format!(
+        "CREATE STREAMING TABLE t USING parquet LOCATION '{}' AS SELECT value FROM STREAM \
+         rate_micro_batch(rowsPerBatch => 5)",
+        out.display()
+    );
+    let ck_s = ck.to_str().unwrap();
+    let (ok, err) = weir_run(&["--checkpoint", ck_s, "--max-batches", "3"], &sql);
+    assert!(ok, "{err}");
+    let base = tempfile::tempdir().unwrap();
+    copy_dir(&ck, &base.path().join("ck"));
+    copy_dir(&out, &base.path().join("out"));
+    let restore = || {
+        for d in ["ck", "out"] {
+            let _ = std::fs::remove_dir_all(work.path().join(d));
+            copy_dir(&base.path().join(d), &work.path().join(d));
+        }
+    };
+    let count = || {
+        let o = Command::new(env!("CARGO_BIN_EXE_weir"))
+            .args([
+                "run",
+                "-e",
+                &format!(
+                    "CREATE EXTERNAL TABLE r STORED AS PARQUET LOCATION '{}'; SELECT \
+                     concat('n=', count(*)) AS n FROM r",
+                    out.display()
+                ),
+            ])
+            .output()
+            .unwrap();
+        (
+            String::from_utf8_lossy(&o.stdout).into_owned(),
+            String::from_utf8_lossy(&o.stderr).into_owned(),
+        )
+    };
+    let part_of_batch_1 = std::fs::read_dir(&out)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .find(|n| n.starts_with("part-00001-"))
+        .unwrap();
+
+    // The issue's case: entry 1 deleted; before, one more batch ran and readers counted 15.
+    std::fs::remove_file(out.join("_weir_metadata/1")).unwrap();
+    let (damaged_ck, damaged_out) = (contents(&ck), contents(&out));
+    let (ok, err) = weir_run(&["--checkpoint", ck_s, "--max-batches", "1"], &sql);
+    assert!(!ok, "a lost manifest entry was accepted");
+    assert!(
+        err.contains("SINK_MANIFEST_CORRUPT") && err.contains("_weir_metadata/1"),
+        "{err}"
+    );
+    assert_unchanged("lost entry", &damaged_ck, &ck);
+    assert_unchanged("lost entry", &damaged_out, &out);
+
+    type Damage = fn(&Path);
+    let damages: [(&str, Damage, &str); 3] = [
+        (
+            "deleted",
+            |p| std::fs::remove_file(p).unwrap(),
+            "FAILED_READ_FILE.FILE_NOT_EXIST",
+        ),
+        (
+            "emptied",
+            |p| std::fs::write(p, b"").unwrap(),
+            "FAILED_READ_FILE.FILE_SIZE_MISMATCH",
+        ),
+        (
+            "cut",
+            |p| {
+                let b = std::fs::read(p).unwrap();
+                std::fs::write(p, &b[..b.len() / 2]).unwrap();
+            },
+            "FAILED_READ_FILE.FILE_SIZE_MISMATCH",
+        ),
+    ];
+    for (how, damage, class) in damages {
+        restore();
+        damage(&out.join(&part_of_batch_1));
+        let (stdout, stderr) = count();
+        assert!(!stdout.contains("n="), "{how}: read {stdout}");
+        assert!(
+            stderr.contains(class) && stderr.contains(&part_of_batch_1),
+            "{how}: {stderr}"
+        );
+        let (damaged_ck, damaged_out) = (contents(&ck), contents(&out));
+        let (ok, err) = weir_run(&["--checkpoint", ck_s, "--max-batches", "1"], &sql);
+        assert!(!ok, "{how}: accepted");
+        assert!(
+            err.contains(class) && err.contains(&part_of_batch_1),
+            "{how}: {err}"
+        );
+        assert_unchanged(how, &damaged_ck, &ck);
+        assert_unchanged(how, &damaged_out, &out);
+    }
+    restore();
+    let (ok, err) = weir_run(&["--checkpoint", ck_s, "--max-batches", "1"], &sql);
+    assert!(ok, "{err}");
+    assert!(count().0.contains("n=20"), "{:?}", count());
 }
