@@ -703,3 +703,136 @@ fn malformed_inputs_get_classified_errors_not_aborts() {
     assert!(ok, "{stderr}");
     assert!(stdout.contains("10000000"), "{stdout}");
 }
+
+/// The console rows `weir run` printed for `sql` over `batches` batches, sorted.
+fn console_rows(sql: &str, batches: &str) -> Vec<String> {
+    let (ok, stdout, stderr) = weir(&["run", "-e", sql, "--max-batches", batches]);
+    assert!(ok, "{stderr}");
+    let mut rows: Vec<String> = stdout
+        .lines()
+        .filter(|l| l.starts_with('|'))
+        .map(str::to_string)
+        .collect();
+    rows.sort();
+    rows
+}
+
+/// Spark carries the event-time marking through a projection's alias of `window()` and
+/// `session_window()`: grouping by the alias in an outer query is accepted in append mode and
+/// gives what grouping by the call gives (tumbling, sliding and session windows).
+#[test]
+fn a_window_grouped_by_its_alias_in_an_outer_query_equals_grouping_by_the_call() {
+    let events = "STREAM rate_micro_batch(rowsPerBatch => 4, advanceMillisPerBatch => 10000) \
+                  WATERMARK timestamp DELAY OF INTERVAL 5 SECONDS";
+    for (call, extra) in [
+        ("window(timestamp, '10 seconds')", ""),
+        ("window(timestamp, '10 seconds', '5 seconds')", ""),
+        ("session_window(timestamp, '6 seconds')", ", value % 2"),
+    ] {
+        let (inner_extra, outer_extra) = if extra.is_empty() {
+            ("", "")
+        } else {
+            (", value % 2 AS k", ", k")
+        };
+        let aliased = format!(
+            "SELECT w, count(*) AS n FROM (SELECT {call} AS w{inner_extra} FROM {events}) \
+             GROUP BY w{outer_extra}"
+        );
+        let direct =
+            format!("SELECT {call} AS w, count(*) AS n FROM {events} GROUP BY {call}{extra}");
+        let got = console_rows(&aliased, "6");
+        assert!(
+            got.iter().any(|r| r.contains("start: 1970")),
+            "{call}: no window was emitted: {got:?}"
+        );
+        assert_eq!(got, console_rows(&direct, "6"), "{call}");
+    }
+}
+
+/// `SELECT DISTINCT ON (keys) WITHIN WATERMARK` is Spark's `dropDuplicatesWithinWatermark`;
+/// and, with the batch-0 watermark of 0, rows at event time 0 are late for deduplication, a
+/// join and an aggregation by the raw event time (Spark's `eventTime <= watermark`), while a
+/// window aggregation keeps them (its rows' event time is their window's end).
+#[test]
+fn dedupe_within_watermark_has_a_sql_form_and_event_time_zero_follows_sparks_rule() {
+    let dir = tempfile::tempdir().unwrap();
+    let events = "STREAM rate_micro_batch(rowsPerBatch => 4, advanceMillisPerBatch => 1000) \
+                  WATERMARK timestamp DELAY OF INTERVAL 0 SECONDS";
+    let progress = |sql: &str| -> Vec<(String, i64, i64)> {
+        let file = dir.path().join("p.json");
+        let (ok, _, stderr) = weir(&[
+            "run",
+            "-e",
+            sql,
+            "--max-batches",
+            "2",
+            "--progress",
+            file.to_str().unwrap(),
+        ]);
+        assert!(ok, "{stderr}");
+        std::fs::read_to_string(&file)
+            .unwrap()
+            .lines()
+            .map(|l| {
+                let p: serde_json::Value = serde_json::from_str(l).unwrap();
+                let s = &p["stateOperators"][0];
+                (
+                    s["operatorName"].as_str().unwrap().to_string(),
+                    s["numRowsTotal"].as_i64().unwrap(),
+                    s["numRowsDroppedByWatermark"].as_i64().unwrap(),
+                )
+            })
+            .collect()
+    };
+    let dropped_in_batch_0 = |sql: &str, name: &str| {
+        let p = progress(sql);
+        assert_eq!(p[0].0, name, "{sql}");
+        p[0].2
+    };
+    assert_eq!(
+        dropped_in_batch_0(
+            &format!("SELECT DISTINCT ON (value) WITHIN WATERMARK value, timestamp FROM {events}"),
+            "dedupeWithinWatermark"
+        ),
+        4
+    );
+    assert_eq!(
+        dropped_in_batch_0(
+            &format!("SELECT DISTINCT ON (value, timestamp) value, timestamp FROM {events}"),
+            "dedupe"
+        ),
+        4
+    );
+    assert!(
+        dropped_in_batch_0(
+            &format!(
+                "SELECT a.value FROM {events} AS a JOIN {events} AS b ON a.value = b.value AND \
+                 a.timestamp BETWEEN b.timestamp - INTERVAL 1 SECOND AND b.timestamp + \
+                 INTERVAL 1 SECOND"
+            ),
+            "streamStreamJoin"
+        ) > 0
+    );
+    assert!(
+        dropped_in_batch_0(
+            &format!("SELECT timestamp, count(*) AS n FROM {events} GROUP BY timestamp"),
+            "aggregate"
+        ) > 0
+    );
+    let windowed = progress(&format!(
+        "SELECT window(timestamp, '10 seconds') AS w, count(*) AS n FROM {events} GROUP BY \
+         window(timestamp, '10 seconds')"
+    ));
+    assert_eq!(windowed[0], ("aggregate".to_string(), 1, 0));
+
+    // Within the watermark a key is forgotten once the watermark passes its first event time
+    // plus the delay: each key comes out again a few batches later.
+    let rows = console_rows(
+        "SELECT DISTINCT ON (k) WITHIN WATERMARK k FROM (SELECT value % 2 AS k, timestamp FROM \
+         STREAM rate_micro_batch(rowsPerBatch => 2, advanceMillisPerBatch => 1000) WATERMARK \
+         timestamp DELAY OF INTERVAL 1 SECOND)",
+        "8",
+    );
+    let ones = rows.iter().filter(|r| r.as_str() == "|  1|").count();
+    assert!(ones >= 2, "{rows:?}");
+}

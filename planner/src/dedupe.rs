@@ -2,7 +2,8 @@
 //! logical node that keeps the first row of each key and drops later ones.
 //!
 //! SQL: `SELECT DISTINCT ON (k1, k2) ...` over a stream becomes this node (keys must be columns;
-//! no `ORDER BY`: the first row is the first to arrive). Rust: [`drop_duplicates`] and
+//! no `ORDER BY`: the first row is the first to arrive); `SELECT DISTINCT ON (k1, k2) WITHIN
+//! WATERMARK ...` is `dropDuplicatesWithinWatermark`. Rust: [`drop_duplicates`] and
 //! [`drop_duplicates_within_watermark`]. The engine plans it as a stateful operator that keeps
 //! every key seen; when an event-time column is among the keys (or, within the watermark, for
 //! each key's first event time plus the delay) the watermark evicts keys that can no longer
@@ -156,6 +157,14 @@ pub fn drop_duplicates_within_watermark(
     dedupe(plan, columns, true)
 }
 
+/// The key `DISTINCT ON (...) WITHIN WATERMARK` adds to the list (a string literal, harmless
+/// as a key) to mark a deduplication within the watermark.
+pub const WITHIN_WATERMARK_MARKER: &str = "__weir_dedupe_within_watermark";
+
+fn is_marker(e: &Expr) -> bool {
+    matches!(e, Expr::Literal(datafusion::common::ScalarValue::Utf8(Some(s)), _) if s == WITHIN_WATERMARK_MARKER)
+}
+
 fn distinct_on(message: String) -> ClassifiedError {
     ClassifiedError::new(
         "UNSUPPORTED_STREAMING_OPERATION.DISTINCT_ON",
@@ -185,7 +194,8 @@ pub fn rewrite_distinct_on(plan: LogicalPlan) -> std::result::Result<LogicalPlan
                 return Ok(Transformed::no(node));
             }
             let mut keys = vec![];
-            for e in &on.on_expr {
+            let within_watermark = on.on_expr.iter().any(is_marker);
+            for e in on.on_expr.iter().filter(|e| !is_marker(e)) {
                 match e {
                     Expr::Column(c) => keys.push(c.clone()),
                     other => {
@@ -201,7 +211,7 @@ pub fn rewrite_distinct_on(plan: LogicalPlan) -> std::result::Result<LogicalPlan
                 node: Arc::new(DeduplicateNode {
                     input: on.input.as_ref().clone(),
                     keys,
-                    within_watermark: false,
+                    within_watermark,
                 }),
             });
             let projected = LogicalPlanBuilder::from(dedupe)

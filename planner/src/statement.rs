@@ -124,7 +124,9 @@ pub fn parse_statement(sql: &str) -> Result<Statement, ClassifiedError> {
 /// and a Databricks watermark clause after it, `STREAM(x) WATERMARK col DELAY OF INTERVAL 10
 /// SECONDS`, to `STREAM(x, watermark => 'col', delay => '10 SECONDS')`.
 pub fn rewrite_stream_keyword(sql: &str) -> Result<String, ClassifiedError> {
-    Ok(text(&rewrite_watermarks(rewrite_tokens(tokenize(sql)?))?))
+    Ok(text(&rewrite_watermarks(rewrite_tokens(
+        rewrite_within_watermark(tokenize(sql)?),
+    ))?))
 }
 
 const INTERVAL_UNITS: &[&str] = &[
@@ -313,8 +315,53 @@ fn rewrite_tokens(tokens: Vec<Token>) -> Vec<Token> {
     out
 }
 
+/// Rewrites `DISTINCT ON (k1, k2) WITHIN WATERMARK` (weir's SQL for Spark's
+/// `dropDuplicatesWithinWatermark`) to `DISTINCT ON (k1, k2, '<marker>')`, which
+/// [`crate::dedupe::rewrite_distinct_on`] turns into a deduplication within the watermark.
+fn rewrite_within_watermark(tokens: Vec<Token>) -> Vec<Token> {
+    let sig: Vec<usize> = (0..tokens.len()).filter(|&i| !is_ws(&tokens[i])).collect();
+    let at = |k: usize| sig.get(k).map(|&j| &tokens[j]);
+    let mut edits = vec![];
+    for k in 0..sig.len() {
+        if !(at(k).is_some_and(|t| is_word(t, "distinct"))
+            && at(k + 1).is_some_and(|t| is_word(t, "on"))
+            && at(k + 2) == Some(&Token::LParen))
+        {
+            continue;
+        }
+        let mut depth = 0;
+        let Some(close) = (k + 2..sig.len()).find(|&m| {
+            match at(m) {
+                Some(Token::LParen) => depth += 1,
+                Some(Token::RParen) => depth -= 1,
+                _ => {}
+            }
+            depth == 0
+        }) else {
+            continue;
+        };
+        if at(close + 1).is_some_and(|t| is_word(t, "within"))
+            && at(close + 2).is_some_and(|t| is_word(t, "watermark"))
+        {
+            edits.push((sig[close], sig[close + 2]));
+        }
+    }
+    let mut out = tokens;
+    for (close, last) in edits.into_iter().rev() {
+        out.splice(
+            close..=last,
+            [
+                Token::Comma,
+                Token::SingleQuotedString(crate::dedupe::WITHIN_WATERMARK_MARKER.into()),
+                Token::RParen,
+            ],
+        );
+    }
+    out
+}
+
 fn parse_tokens(tokens: Vec<Token>) -> Result<Statement, ClassifiedError> {
-    let tokens = rewrite_watermarks(rewrite_tokens(tokens))?;
+    let tokens = rewrite_watermarks(rewrite_tokens(rewrite_within_watermark(tokens)))?;
     let sig: Vec<usize> = (0..tokens.len()).filter(|&i| !is_ws(&tokens[i])).collect();
     let at = |k: usize| sig.get(k).map(|&i| &tokens[i]);
     let word = |k: usize, w: &str| at(k).is_some_and(|t| is_word(t, w));

@@ -322,6 +322,130 @@ pub fn expand_sliding_windows(plan: LogicalPlan) -> Result<LogicalPlan> {
     .map(|t| t.data)
 }
 
+/// Rewrites an aggregate grouped by a column that a projection below it defines as
+/// `window(time, ...)` or `session_window(time, gap)` (`SELECT w, count(*) FROM (SELECT
+/// window(ts, '10 seconds') AS w FROM ...) GROUP BY w`) to group by the call itself, as if the
+/// query had been written so: Spark carries the watermark's event-time marking through such
+/// aliases, and the streaming checks, the sliding-window expansion, the session-window rewrite
+/// and the stateful operators all recognise the call. The projection also passes the call's
+/// time column on, under a name of its own; the aggregate's output keeps the column's name.
+///
+/// ```text
+/// Aggregate [w]            ─►  Aggregate [window(__weir_window_time_0, ...) AS sub.w]
+///   SubqueryAlias sub            SubqueryAlias sub
+///     Projection [window(ts, ...) AS w]     Projection [window(ts, ...) AS w, ts AS __weir_window_time_0]
+/// ```
+/// Between the aggregate and the projection there may be filters and subquery aliases.
+pub fn inline_window_aliases(plan: LogicalPlan) -> Result<LogicalPlan> {
+    let mut counter = 0usize;
+    plan.transform_up(|node| {
+        let LogicalPlan::Aggregate(agg) = &node else {
+            return Ok(Transformed::no(node));
+        };
+        let mut input = agg.input.as_ref().clone();
+        let mut group = agg.group_expr.clone();
+        let mut changed = false;
+        for g in group.iter_mut() {
+            let Expr::Column(c) = g else {
+                continue;
+            };
+            let name = format!("{INLINED_TIME_PREFIX}{counter}");
+            if let Some((rewritten, call)) = pass_time_column(&input, c, &name)? {
+                counter += 1;
+                let (relation, out_name) = (c.relation.clone(), c.name.clone());
+                let time = Expr::Column(datafusion::common::Column::new(
+                    rewritten
+                        .schema()
+                        .qualified_field_with_unqualified_name(&name)?
+                        .0
+                        .cloned(),
+                    name,
+                ));
+                let mut args = call.args.clone();
+                args[0] = time;
+                *g = Expr::ScalarFunction(datafusion::logical_expr::expr::ScalarFunction::new_udf(
+                    Arc::clone(&call.func),
+                    args,
+                ))
+                .alias_qualified(relation, out_name);
+                input = rewritten;
+                changed = true;
+            }
+        }
+        if !changed {
+            return Ok(Transformed::no(node));
+        }
+        let rebuilt = datafusion::logical_expr::Aggregate::try_new(
+            Arc::new(input),
+            group,
+            agg.aggr_expr.clone(),
+        )?;
+        Ok(Transformed::yes(LogicalPlan::Aggregate(rebuilt)))
+    })
+    .map(|t| t.data)
+}
+
+/// The prefix of the time columns [`inline_window_aliases`] passes on.
+const INLINED_TIME_PREFIX: &str = "__weir_window_time_";
+
+/// When `column` of `plan` (through filters and subquery aliases) is a projection's
+/// `window(time, <literals>)` or `session_window(time, <literal>)` over a column `time`: the
+/// plan with that projection also passing `time` on as `name`, and the call.
+fn pass_time_column(
+    plan: &LogicalPlan,
+    column: &datafusion::common::Column,
+    name: &str,
+) -> Result<Option<(LogicalPlan, datafusion::logical_expr::expr::ScalarFunction)>> {
+    match plan {
+        LogicalPlan::Filter(f) => {
+            let Some((input, call)) = pass_time_column(&f.input, column, name)? else {
+                return Ok(None);
+            };
+            let filter =
+                datafusion::logical_expr::Filter::try_new(f.predicate.clone(), Arc::new(input))?;
+            Ok(Some((LogicalPlan::Filter(filter), call)))
+        }
+        LogicalPlan::SubqueryAlias(a) => {
+            let inner = datafusion::common::Column::new_unqualified(&column.name);
+            let Some((input, call)) = pass_time_column(&a.input, &inner, name)? else {
+                return Ok(None);
+            };
+            let alias =
+                datafusion::logical_expr::SubqueryAlias::try_new(Arc::new(input), a.alias.clone())?;
+            Ok(Some((LogicalPlan::SubqueryAlias(alias), call)))
+        }
+        LogicalPlan::Projection(p) => {
+            let Some(defined) = p.expr.iter().find_map(|e| match e {
+                Expr::Alias(a) if a.name == column.name => Some(a.expr.as_ref()),
+                _ => None,
+            }) else {
+                return Ok(None);
+            };
+            let Expr::ScalarFunction(call) = defined else {
+                return Ok(None);
+            };
+            let is_window = matches!(call.name(), "window" | "session_window");
+            let literal_rest = call
+                .args
+                .iter()
+                .skip(1)
+                .all(|a| matches!(a, Expr::Literal(..)));
+            let Some(Expr::Column(time)) = call.args.first() else {
+                return Ok(None);
+            };
+            if !is_window || !literal_rest {
+                return Ok(None);
+            }
+            let mut exprs = p.expr.clone();
+            exprs.push(Expr::Column(time.clone()).alias(name));
+            let projection =
+                datafusion::logical_expr::Projection::try_new(exprs, Arc::clone(&p.input))?;
+            Ok(Some((LogicalPlan::Projection(projection), call.clone())))
+        }
+        _ => Ok(None),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use datafusion::prelude::SessionContext;

@@ -682,6 +682,7 @@ impl DataStreamWriter {
         }
         let plan = weir_planner::dedupe::rewrite_distinct_on(self.plan.clone())?;
         let plan = weir_planner::join::rewrite_stream_joins(plan)?;
+        let plan = weir_planner::window::inline_window_aliases(plan)?;
         let plan = weir_planner::window::expand_sliding_windows(plan)?;
         let plan = weir_planner::session_window::rewrite_session_windows(plan)?;
         check_streaming_plan(&plan, self.output_mode)?;
