@@ -836,3 +836,68 @@ fn dedupe_within_watermark_has_a_sql_form_and_event_time_zero_follows_sparks_rul
     let ones = rows.iter().filter(|r| r.as_str() == "|  1|").count();
     assert!(ones >= 2, "{rows:?}");
 }
+
+/// `weir checkpoint repartition` refuses a partition count that cannot be meant (each is a
+/// store instance with files of its own) before touching anything, and a rewrite that fails
+/// half-way (here on a damaged changelog) leaves the checkpoint exactly as it was: no new state
+/// folders, no unfinished reset that would refuse the next run.
+#[test]
+fn repartition_is_bounded_and_a_failed_one_leaves_the_checkpoint_as_it_was() {
+    let dir = tempfile::tempdir().unwrap();
+    let (ck, out) = (dir.path().join("ck"), dir.path().join("out"));
+    let sql = format!(
+        "CREATE STREAMING TABLE d USING parquet LOCATION '{}' AS SELECT DISTINCT ON (k) k, value \
+         FROM (SELECT value % 7 AS k, value FROM STREAM rate_micro_batch(rowsPerBatch => 5))",
+        out.display()
+    );
+    let ck_s = ck.to_str().unwrap();
+    let (ok, _, stderr) = weir(&[
+        "run",
+        "-e",
+        &sql,
+        "--checkpoint",
+        ck_s,
+        "--max-batches",
+        "3",
+    ]);
+    assert!(ok, "{stderr}");
+    let before = snapshot_of(&ck);
+    for n in ["1000000", "0"] {
+        let (ok, _, stderr) = weir(&["checkpoint", "repartition", ck_s, "--partitions", n]);
+        assert!(!ok, "{n} partitions accepted");
+        assert!(stderr.contains("STREAMING_INVALID_OPTION"), "{stderr}");
+        assert_eq!(snapshot_of(&ck), before, "{n}");
+    }
+    // A changelog the rewrite needs, damaged: the repartition fails and cleans up.
+    let log = ck.join("state/0/0/default/3.changelog");
+    let good = std::fs::read(&log).unwrap();
+    let mut bad = good.clone();
+    let at = bad.len() / 2;
+    bad[at] ^= 0x40;
+    std::fs::write(&log, &bad).unwrap();
+    let damaged = snapshot_of(&ck);
+    let (ok, _, stderr) = weir(&["checkpoint", "repartition", ck_s, "--partitions", "3"]);
+    assert!(!ok);
+    assert!(stderr.contains("STATE_STORE_FILE_CORRUPT"), "{stderr}");
+    assert_eq!(
+        snapshot_of(&ck),
+        damaged,
+        "the failed repartition left files behind"
+    );
+    std::fs::write(&log, &good).unwrap();
+    let (ok, _, stderr) = weir(&[
+        "run",
+        "-e",
+        &sql,
+        "--checkpoint",
+        ck_s,
+        "--max-batches",
+        "1",
+    ]);
+    assert!(
+        ok,
+        "the checkpoint refuses to run after a failed repartition: {stderr}"
+    );
+    let (ok, _, stderr) = weir(&["checkpoint", "repartition", ck_s, "--partitions", "3"]);
+    assert!(ok, "{stderr}");
+}

@@ -723,3 +723,192 @@ fn a_file_sinks_lost_entry_or_damaged_part_file_is_refused_by_name() {
     assert!(ok, "{err}");
     assert!(count().0.contains("n=20"), "{:?}", count());
 }
+
+/// Damage to any one file, as a storage fault or an unlucky operator makes it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Fault {
+    /// The second half gone.
+    Truncated,
+    /// Cut at its last line end.
+    CutAtLine,
+    /// One bit flipped, in the middle.
+    FlippedBit,
+    /// Every byte replaced by other bytes (the same length).
+    Garbage,
+    Deleted,
+}
+
+const FAULTS: [Fault; 5] = [
+    Fault::Truncated,
+    Fault::CutAtLine,
+    Fault::FlippedBit,
+    Fault::Garbage,
+    Fault::Deleted,
+];
+
+fn fault(path: &Path, how: Fault) {
+    let bytes = std::fs::read(path).unwrap();
+    let damaged = match how {
+        Fault::Truncated => bytes[..bytes.len() / 2].to_vec(),
+        Fault::CutAtLine => match bytes.iter().rposition(|&b| b == b'\n') {
+            Some(at) => bytes[..at].to_vec(),
+            None => bytes[..bytes.len() / 2].to_vec(),
+        },
+        Fault::FlippedBit => {
+            let mut b = bytes.clone();
+            if !b.is_empty() {
+                let at = b.len() / 2;
+                b[at] ^= 0x04;
+            }
+            b
+        }
+        Fault::Garbage => bytes
+            .iter()
+            .enumerate()
+            .map(|(i, b)| b.wrapping_mul(31).wrapping_add(i as u8) ^ 0x5a)
+            .collect(),
+        Fault::Deleted => {
+            std::fs::remove_file(path).unwrap();
+            return;
+        }
+    };
+    std::fs::write(path, damaged).unwrap();
+}
+
+/// The parquet sink's rows, `value` sorted, through batch SQL over its folder.
+fn parquet_values(out: &Path) -> Result<Vec<i64>, String> {
+    let o = Command::new(env!("CARGO_BIN_EXE_weir"))
+        .args([
+            "run",
+            "-e",
+            &format!(
+                "CREATE EXTERNAL TABLE r STORED AS PARQUET LOCATION '{}'; SELECT \
+                 concat('v=', value) AS v FROM r",
+                out.display()
+            ),
+        ])
+        .output()
+        .unwrap();
+    if !o.status.success() {
+        return Err(String::from_utf8_lossy(&o.stderr).into_owned());
+    }
+    let mut v: Vec<i64> = String::from_utf8_lossy(&o.stdout)
+        .lines()
+        .filter_map(|l| l.trim_matches(|c| c == '|' || c == ' ').strip_prefix("v="))
+        .map(|n| n.parse().unwrap())
+        .collect();
+    v.sort_unstable();
+    Ok(v)
+}
+
+/// Every file of a checkpoint of a deduplication (RocksDB state, a snapshot every 2 versions)
+/// and of its parquet sink's output, damaged in every way: each case either leaves the output
+/// of the next run exactly what an undamaged run gives, or is refused, naming the file (or its
+/// state store, for a snapshot's data file), before anything is written to either folder.
+#[test]
+fn every_file_of_a_checkpoint_and_its_parquet_output_damaged_is_harmless_or_refused_first() {
+    let work = tempfile::tempdir().unwrap();
+    let base = tempfile::tempdir().unwrap();
+    let (ck, out) = (work.path().join("ck"), work.path().join("out"));
+    let sql = format!(
+        "CREATE STREAMING TABLE d USING parquet LOCATION '{}' OPTIONS \
+         (stateStore.minDeltasForSnapshot '2') AS SELECT DISTINCT ON (k) k, value FROM \
+         (SELECT value % 13 AS k, value FROM STREAM rate_micro_batch(rowsPerBatch => 5, \
+         numPartitions => 2))",
+        out.display()
+    );
+    let ck_s = ck.to_str().unwrap().to_string();
+    let run = |batches: &str| weir_run(&["--checkpoint", &ck_s, "--max-batches", batches], &sql);
+    let (ok, err) = run("3");
+    assert!(ok, "{err}");
+    for d in ["ck", "out"] {
+        copy_dir(&work.path().join(d), &base.path().join(d));
+    }
+    let restore = || {
+        for d in ["ck", "out"] {
+            let _ = std::fs::remove_dir_all(work.path().join(d));
+            copy_dir(&base.path().join(d), &work.path().join(d));
+        }
+    };
+    let (ok, err) = run("1");
+    assert!(ok, "{err}");
+    let expected = parquet_values(&out).unwrap();
+    assert_eq!(expected, (0..13).collect::<Vec<_>>());
+
+    let files: Vec<String> = contents(&base.path().join("ck"))
+        .into_iter()
+        .map(|(rel, _)| format!("ck/{rel}"))
+        .chain(
+            contents(&base.path().join("out"))
+                .into_iter()
+                .map(|(rel, _)| format!("out/{rel}")),
+        )
+        .filter(|f| !f.ends_with(".weir-lock"))
+        .collect();
+    assert!(files.len() > 20, "{files:?}");
+    let (mut harmless, mut refused, mut found_by_readers) = (vec![], vec![], vec![]);
+    for file in &files {
+        for how in FAULTS {
+            let case = format!("{file} {how:?}");
+            restore();
+            fault(&work.path().join(file), how);
+            let (damaged_ck, damaged_out) = (contents(&ck), contents(&out));
+            let (ok, err) = run("1");
+            assert!(!err.contains("panicked"), "{case}: {err}");
+            if ok {
+                match parquet_values(&out) {
+                    Ok(values) => {
+                        assert_eq!(values, expected, "{case}: {err}");
+                        harmless.push(case);
+                    }
+                    // A committed part file damaged in place (same size): a restart does not
+                    // read the committed output, so the query goes on, writing what an
+                    // undamaged run writes; a reader names the file.
+                    Err(read) => {
+                        let rel = file.strip_prefix("out/").unwrap_or(file);
+                        assert!(
+                            file.starts_with("out/part-")
+                                && read.contains("FAILED_READ_FILE.FILE_CHECKSUM_MISMATCH")
+                                && read.contains(rel),
+                            "{case}: {read}"
+                        );
+                        found_by_readers.push(case);
+                    }
+                }
+                continue;
+            }
+            let rel = file.split_once('/').unwrap().1;
+            let named = match rel.rsplit_once("/files/") {
+                // A snapshot's data file: named by its store (the snapshot listing it).
+                Some((store, _)) => err.contains(store),
+                None => {
+                    err.contains(rel)
+                        // A lost changelog: its store has no such version.
+                        || (how == Fault::Deleted
+                            && rel.ends_with(".changelog")
+                            && err.contains("STATE_STORE_VERSION_NOT_FOUND"))
+                        // A lost offsets entry: the gap it leaves in the log.
+                        || (how == Fault::Deleted && rel.starts_with("offsets/")
+                            && err.contains("offsets"))
+                }
+            };
+            assert!(named, "{case}: the error does not name it: {err}");
+            assert_unchanged(&case, &damaged_ck, &ck);
+            assert_unchanged(&case, &damaged_out, &out);
+            refused.push(case);
+        }
+    }
+    eprintln!(
+        "parquet matrix: {} files x {} faults: {} harmless, {} refused before writing, {} \
+         (committed part files damaged in place) named by readers",
+        files.len(),
+        FAULTS.len(),
+        harmless.len(),
+        refused.len(),
+        found_by_readers.len()
+    );
+    assert_eq!(
+        harmless.len() + refused.len() + found_by_readers.len(),
+        files.len() * FAULTS.len()
+    );
+}

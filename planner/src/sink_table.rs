@@ -133,8 +133,11 @@ impl TableProvider for FileSinkTable {
     ) -> Result<Arc<dyn ExecutionPlan>> {
         match read_manifest(&self.location).await.map_err(ext)? {
             Some(m) if !m.files.is_empty() => {
-                // A listed file lost, emptied or cut is an error naming it, not fewer rows.
-                check_files(&self.location, &m.files).await.map_err(ext)?;
+                // A listed file lost, emptied, cut or damaged is an error naming it, not fewer
+                // or other rows.
+                check_files(&self.location, &m.files, true)
+                    .await
+                    .map_err(ext)?;
                 self.listing(state, &m)?
                     .scan(state, projection, filters, limit)
                     .await

@@ -182,6 +182,9 @@ pub struct ManifestFile {
     pub rows: u64,
     /// Its size in bytes.
     pub size: u64,
+    /// CRC-32 of its bytes (entries of format v2 on).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub crc32: Option<u32>,
 }
 
 /// The format version of manifest entries this weir writes: v2 ends with a checksum line
@@ -266,7 +269,8 @@ impl Sink for FileSink {
             }
         }
         let files: Vec<ManifestFile> = entries.into_iter().flat_map(|(_, _, f)| f).collect();
-        check_files(&self.location, &files).await
+        // Sizes only: a restart does not read the committed output (readers check contents).
+        check_files(&self.location, &files, false).await
     }
 
     /// Creates a local output folder, and keeps the query ID for the manifest entries.
@@ -359,12 +363,14 @@ impl FileSink {
                 self.format.name()
             );
             let size = bytes.len() as u64;
+            let crc32 = crc32fast::hash(&bytes);
             self.location.put(&name, Bytes::from(bytes)).await?;
             weir_common::failpoint::pause_point("sink_mid", batch_id);
             files.push(ManifestFile {
                 path: name,
                 rows: rows as u64,
                 size,
+                crc32: Some(crc32),
             });
         }
         let header = EntryHeader {
@@ -451,9 +457,14 @@ pub async fn read_manifest(location: &Location) -> Result<Option<SinkManifest>> 
 }
 
 /// Checks that every file of `files` is in the output directory with the size its manifest
-/// entry recorded: a reader would otherwise skip a lost or emptied file silently, or fail on a
-/// cut one without naming it.
-pub async fn check_files(location: &Location, files: &[ManifestFile]) -> Result<()> {
+/// entry recorded, and with `contents`, the bytes it was written with (its CRC-32): a reader
+/// would otherwise skip a lost or emptied file silently, fail on a cut or damaged one without
+/// naming it, or read changed values.
+pub async fn check_files(
+    location: &Location,
+    files: &[ManifestFile],
+    contents: bool,
+) -> Result<()> {
     if files.is_empty() {
         return Ok(());
     }
@@ -467,10 +478,22 @@ pub async fn check_files(location: &Location, files: &[ManifestFile]) -> Result<
                  replaced)",
                 f.size
             ),
-            Some(_) => continue,
+            Some(_) => match f.crc32.filter(|_| contents) {
+                None => continue,
+                Some(crc) => {
+                    let bytes = location.get(&f.path).await?.unwrap_or_default();
+                    if crc32fast::hash(&bytes) == crc {
+                        continue;
+                    }
+                    "has other bytes than it was written with (its checksum does not match)"
+                        .to_string()
+                }
+            },
         };
         return Err(ClassifiedError::new(
-            if found.contains_key(&f.path) {
+            if problem.contains("checksum") {
+                "FAILED_READ_FILE.FILE_CHECKSUM_MISMATCH"
+            } else if found.contains_key(&f.path) {
                 "FAILED_READ_FILE.FILE_SIZE_MISMATCH"
             } else {
                 "FAILED_READ_FILE.FILE_NOT_EXIST"

@@ -95,13 +95,24 @@ fn time_prefix_len() -> Result<usize> {
         .len())
 }
 
+/// The most shuffle partitions a repartition writes: each is a state store instance per store
+/// of each operator, with its own files (about 16 KB even when empty).
+pub const MAX_PARTITIONS: usize = 10_000;
+
+/// Disk a rewritten state store instance takes beyond its data (RocksDB's own files), counted
+/// generously when checking for free space.
+const INSTANCE_OVERHEAD_BYTES: u64 = 64 << 10;
+
 /// Rewrites the state of the checkpoint at `location` into `partitions` shuffle partitions.
 pub async fn repartition(location: Location, partitions: usize) -> Result<ResetReport> {
-    if partitions == 0 {
+    if !(1..=MAX_PARTITIONS).contains(&partitions) {
         return Err(Error::user(
             "STREAMING_INVALID_OPTION",
             "42616",
-            "--partitions must be at least 1.",
+            format!(
+                "--partitions must be from 1 to {MAX_PARTITIONS} (each partition is a state \
+                 store instance per store, with files of its own); {partitions} was given."
+            ),
         ));
     }
     Checkpoint::open_read_only(location.clone()).await?;
@@ -158,6 +169,9 @@ async fn run(checkpoint: &Checkpoint, partitions: usize) -> Result<ResetReport> 
             "The checkpoint's state already has {partitions} partitions."
         )));
     }
+    // The new folders, chosen now so that a failure can remove exactly them.
+    let taken: BTreeSet<u32> = checkpoint.state_folder_ids().await?.into_iter().collect();
+    let fresh = fresh_ids(&stored, &taken);
     let mut record = match unfinished {
         Some(r) => r.clone(),
         None => ResetRecord {
@@ -172,10 +186,6 @@ async fn run(checkpoint: &Checkpoint, partitions: usize) -> Result<ResetReport> 
             done: false,
         },
     };
-    if unfinished.is_none() {
-        checkpoint.write_reset(n, &record).await?;
-    }
-
     let scratch =
         crate::stateful::run_scratch_dir("weir-repartition", checkpoint.id(), uuid::Uuid::new_v4());
     // On an object store the state is rewritten in a local copy, and the new folders uploaded.
@@ -194,22 +204,40 @@ async fn run(checkpoint: &Checkpoint, partitions: usize) -> Result<ResetReport> 
         (None, Some(m)) => m.local().to_path_buf(),
         (None, None) => return Err(Error::Internal("no state folder to repartition".into())),
     };
-    let rewritten = tokio::task::spawn_blocking({
-        let taken: BTreeSet<u32> = checkpoint.state_folder_ids().await?.into_iter().collect();
-        let stored = stored.clone();
-        let local = scratch.join("db");
-        move || rewrite(&stored, &taken, state_dir, local, last, partitions)
-    })
-    .await
-    .map_err(|e| Error::Internal(format!("the repartition task failed: {e}")))
-    .and_then(|r| r);
-    let uploaded = match (&rewritten, &mirror) {
-        (Ok(_), Some(m)) => m.sync().await,
-        _ => Ok(()),
+    let rewritten = match check_space(&stored, &state_dir, &scratch, partitions) {
+        Err(e) => Err(e),
+        Ok(()) => tokio::task::spawn_blocking({
+            let (stored, fresh) = (stored.clone(), fresh.clone());
+            let local = scratch.join("db");
+            move || rewrite(&stored, &fresh, state_dir, local, last, partitions)
+        })
+        .await
+        .map_err(|e| Error::Internal(format!("the repartition task failed: {e}")))
+        .and_then(|r| r),
+    };
+    let done = match (rewritten, &mirror) {
+        (Ok(r), Some(m)) => m.sync().await.map(|()| r),
+        (r, _) => r,
     };
     let _ = std::fs::remove_dir_all(&scratch);
-    let (operators, changes) = rewritten?;
-    uploaded?;
+    let (operators, changes) = match done {
+        Ok(r) => r,
+        Err(e) => {
+            // Nothing refers to the new folders yet: remove them, and the checkpoint is as it
+            // was.
+            for id in &fresh {
+                let _ = checkpoint
+                    .delete_folder(&format!("{}/{id}", super::STATE))
+                    .await;
+            }
+            return Err(e);
+        }
+    };
+    // The record goes in just before the commit point: a run refuses the checkpoint only
+    // while its record of operators is being replaced.
+    if unfinished.is_none() {
+        checkpoint.write_reset(n, &record).await?;
+    }
     checkpoint
         .replace_state_metadata(&StateMetadata {
             operators: operators.clone(),
@@ -228,23 +256,96 @@ async fn run(checkpoint: &Checkpoint, partitions: usize) -> Result<ResetReport> 
     })
 }
 
+/// A new state folder ID for each operator of `stored`, none of them in `taken` or used by an
+/// operator.
+fn fresh_ids(stored: &[OperatorInfo], taken: &BTreeSet<u32>) -> Vec<u32> {
+    let mut taken = taken.clone();
+    taken.extend(stored.iter().map(OperatorInfo::state_id));
+    stored
+        .iter()
+        .map(|_| {
+            let fresh = (0..).find(|i| !taken.contains(i)).unwrap_or(u32::MAX);
+            taken.insert(fresh);
+            fresh
+        })
+        .collect()
+}
+
+/// Bytes of the files under `dir`.
+fn bytes_under(dir: &std::path::Path) -> u64 {
+    let mut total = 0;
+    let mut todo = vec![dir.to_path_buf()];
+    while let Some(d) = todo.pop() {
+        for e in std::fs::read_dir(d).into_iter().flatten().flatten() {
+            match e.metadata() {
+                Ok(m) if m.is_dir() => todo.push(e.path()),
+                Ok(m) => total += m.len(),
+                Err(_) => {}
+            }
+        }
+    }
+    total
+}
+
+/// Refuses a repartition the disks cannot hold: the rewritten state takes about the state's
+/// size again in the checkpoint and in the scratch folder, plus each new store instance's own
+/// files. Checked before anything is written.
+fn check_space(
+    stored: &[OperatorInfo],
+    state_dir: &std::path::Path,
+    scratch: &std::path::Path,
+    partitions: usize,
+) -> Result<()> {
+    let state: u64 = stored
+        .iter()
+        .map(|o| bytes_under(&state_dir.join(o.state_id().to_string())))
+        .sum();
+    let instances: u64 = stored
+        .iter()
+        .map(|o| (o.store_names.len() * partitions) as u64)
+        .sum();
+    let needed = state
+        .saturating_mul(2)
+        .saturating_add(instances.saturating_mul(INSTANCE_OVERHEAD_BYTES));
+    let scratch_parent = scratch.parent().unwrap_or(scratch);
+    for dir in [state_dir, scratch_parent] {
+        let Ok(fs) = rustix::fs::statvfs(dir) else {
+            continue;
+        };
+        let free = fs.f_bavail.saturating_mul(fs.f_frsize);
+        if free < needed {
+            return Err(Error::user(
+                "STATE_REPARTITION_INSUFFICIENT_SPACE",
+                "53100",
+                format!(
+                    "Repartitioning into {partitions} partitions needs about {} MB of disk at \
+                     '{}' ({} store instances and {} MB of state), but {} MB are free. Free \
+                     some space or choose fewer partitions; nothing was changed.",
+                    needed >> 20,
+                    dir.display(),
+                    instances,
+                    state >> 20,
+                    free >> 20
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
 /// Reads each operator's state after batch `last` and writes it into `partitions` partitions in
-/// new folders; returns the operators' new record and what was done.
+/// new folders (`fresh`, one per operator); returns the operators' new record and what was done.
 fn rewrite(
     stored: &[OperatorInfo],
-    taken: &BTreeSet<u32>,
+    fresh: &[u32],
     state_dir: std::path::PathBuf,
     scratch: std::path::PathBuf,
     last: u64,
     partitions: usize,
 ) -> Result<(Vec<OperatorInfo>, Vec<OperatorChange>)> {
     let provider = RocksDbStateStoreProvider::new(state_dir, scratch);
-    let mut taken = taken.clone();
-    taken.extend(stored.iter().map(OperatorInfo::state_id));
     let (mut operators, mut changes) = (vec![], vec![]);
-    for op in stored {
-        let fresh = (0..).find(|i| !taken.contains(i)).unwrap_or(u32::MAX);
-        taken.insert(fresh);
+    for (op, &fresh) in stored.iter().zip(fresh) {
         for store in &op.store_names {
             let mut entries = vec![];
             for p in 0..op.num_partitions as u32 {
