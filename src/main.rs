@@ -199,7 +199,8 @@ fn main() -> std::process::ExitCode {
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_env("WEIR_LOG")
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+                // delta-rs's kernel logs (with a backtrace) the errors weir reports itself.
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn,buoyant_kernel=off")),
         )
         .with_writer(std::io::stderr)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))

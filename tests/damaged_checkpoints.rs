@@ -912,3 +912,106 @@ fn every_file_of_a_checkpoint_and_its_parquet_output_damaged_is_harmless_or_refu
         files.len() * FAULTS.len()
     );
 }
+
+/// The Delta table's `k,n` rows by `k`, or the reader's error.
+fn delta_counts(out: &Path) -> Result<Vec<String>, String> {
+    let o = Command::new(env!("CARGO_BIN_EXE_weir"))
+        .args([
+            "run",
+            "-e",
+            &format!(
+                "CREATE EXTERNAL TABLE c STORED AS DELTA LOCATION '{}'; SELECT \
+                 concat(k, ',', n) AS r FROM c ORDER BY k",
+                out.display()
+            ),
+        ])
+        .output()
+        .unwrap();
+    if !o.status.success() {
+        return Err(String::from_utf8_lossy(&o.stderr).into_owned());
+    }
+    Ok(String::from_utf8_lossy(&o.stdout)
+        .lines()
+        .filter_map(|l| {
+            let cell = l.trim_matches(|c| c == '|' || c == ' ');
+            cell.contains(',').then(|| cell.to_string())
+        })
+        .collect())
+}
+
+/// Every file of the checkpoint of a `GROUP BY` into Delta (complete mode, RocksDB state with a
+/// snapshot every 2 versions) and every data file of the Delta table, damaged in every way: each
+/// case either leaves the table after the next run exactly as an undamaged run does, or is
+/// refused, naming the file (or its store, for a snapshot's data file), before anything is
+/// written. The table's `_delta_log` is Delta's own format, without checksums: a log file that
+/// does not parse is named; one that lost whole actions is refused by delta-rs without a name
+/// (see the README).
+#[test]
+fn every_file_of_a_checkpoint_and_its_delta_table_damaged_is_harmless_or_refused_first() {
+    let s = setup();
+    let files: Vec<String> = contents(&s.base.path().join("ck"))
+        .into_iter()
+        .map(|(rel, _)| format!("ck/{rel}"))
+        .chain(
+            contents(&s.base.path().join("out"))
+                .into_iter()
+                .map(|(rel, _)| format!("out/{rel}")),
+        )
+        .filter(|f| !f.ends_with(".weir-lock") && !f.starts_with("out/_delta_log/"))
+        .collect();
+    let (ck, out) = (s.work.path().join("ck"), s.work.path().join("out"));
+    // A log file that does not parse is named.
+    s.restore();
+    let log = "_delta_log/00000000000000000001.json";
+    fault(&out.join(log), Fault::Truncated);
+    let (ok, err) = s.run();
+    assert!(
+        !ok && err.contains("DELTA_LOG_CORRUPT") && err.contains(log),
+        "{err}"
+    );
+    let (mut harmless, mut refused) = (vec![], vec![]);
+    for file in &files {
+        for how in FAULTS {
+            let case = format!("{file} {how:?}");
+            s.restore();
+            fault(&s.work.path().join(file), how);
+            let (damaged_ck, damaged_out) = (contents(&ck), contents(&out));
+            let (ok, err) = s.run();
+            assert!(!err.contains("panicked"), "{case}: {err}");
+            if ok {
+                assert_eq!(
+                    delta_counts(&out),
+                    Ok(ALL_FOUR.iter().map(|r| r.to_string()).collect()),
+                    "{case}: {err}"
+                );
+                harmless.push(case);
+                continue;
+            }
+            let rel = file.split_once('/').unwrap().1;
+            let named = match rel.rsplit_once("/files/") {
+                Some((store, _)) => err.contains(store),
+                None => {
+                    err.contains(rel)
+                        || (how == Fault::Deleted
+                            && rel.ends_with(".changelog")
+                            && err.contains("STATE_STORE_VERSION_NOT_FOUND"))
+                        || (how == Fault::Deleted
+                            && rel.starts_with("offsets/")
+                            && err.contains("offsets"))
+                }
+            };
+            assert!(named, "{case}: the error does not name it: {err}");
+            assert_unchanged(&case, &damaged_ck, &ck);
+            assert_unchanged(&case, &damaged_out, &out);
+            refused.push(case);
+        }
+    }
+    eprintln!(
+        "delta matrix: {} files x {} faults: {} harmless, {} refused before writing",
+        files.len(),
+        FAULTS.len(),
+        harmless.len(),
+        refused.len()
+    );
+    assert_eq!(harmless.len() + refused.len(), files.len() * FAULTS.len());
+}

@@ -96,10 +96,64 @@ pub async fn open(
         .verify_deltatable_existence()
         .await
         .map_err(|e| error(e, &doing))?
+        && let Err(e) = table.load().await
     {
-        table.load().await.map_err(|e| error(e, &doing))?;
+        // delta-rs does not say which log file it could not read: find it.
+        if let Some((file, problem)) = damaged_log_file(url, storage).await {
+            return Err(ClassifiedError::new(
+                "DELTA_LOG_CORRUPT",
+                "KD001",
+                format!(
+                    "Cannot {doing}: the Delta log file '{file}' {problem} ({e}). Restore it \
+                     from a backup; a query writing the table refuses to go on until then."
+                ),
+            ));
+        }
+        return Err(error(e, &doing));
     }
     Ok(table)
+}
+
+/// The first file of the table's `_delta_log` that does not hold one JSON object per line, and
+/// what is wrong with it.
+async fn damaged_log_file(
+    url: &Url,
+    storage: &HashMap<String, String>,
+) -> Option<(String, String)> {
+    let log = crate::Location::parse_with(url.as_str(), storage.clone())
+        .ok()?
+        .child("_delta_log");
+    let mut names: Vec<String> = log
+        .list_files("")
+        .await
+        .ok()?
+        .into_iter()
+        .map(|(n, _)| n)
+        .filter(|n| n.ends_with(".json"))
+        .collect();
+    names.sort();
+    for name in names {
+        let Ok(Some(bytes)) = log.get(&name).await else {
+            continue;
+        };
+        let file = format!("{}/{name}", log.display());
+        let Ok(text) = std::str::from_utf8(&bytes) else {
+            return Some((file, "is not text".into()));
+        };
+        for (i, line) in text
+            .lines()
+            .enumerate()
+            .filter(|(_, l)| !l.trim().is_empty())
+        {
+            if !matches!(
+                serde_json::from_str::<serde_json::Value>(line),
+                Ok(serde_json::Value::Object(_))
+            ) {
+                return Some((file, format!("has a damaged action at line {}", i + 1)));
+            }
+        }
+    }
+    None
 }
 
 /// A delta-rs error as a classified one; `doing` says what weir was doing ("write batch 3 to
