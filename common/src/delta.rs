@@ -132,6 +132,33 @@ async fn damaged_log_file(
         .filter(|n| n.ends_with(".json"))
         .collect();
     names.sort();
+    // The commits' versions: contiguous, from 0 unless a checkpoint stands in for the first ones.
+    let versions: Vec<u64> = names
+        .iter()
+        .filter_map(|n| n.strip_suffix(".json")?.parse().ok())
+        .collect();
+    let checkpointed = log
+        .list_files("")
+        .await
+        .ok()?
+        .iter()
+        .any(|(n, _)| n.contains(".checkpoint"));
+    let file_of = |v: u64| format!("{}/{v:020}.json", log.display());
+    if let Some(&first) = versions.first()
+        && first > 0
+        && !checkpointed
+    {
+        return Some((file_of(0), "is missing (the log starts after it)".into()));
+    }
+    if let Some(w) = versions.windows(2).find(|w| w[1] != w[0] + 1) {
+        return Some((
+            file_of(w[0] + 1),
+            format!(
+                "is missing (the log goes from version {} to {})",
+                w[0], w[1]
+            ),
+        ));
+    }
     for name in names {
         let Ok(Some(bytes)) = log.get(&name).await else {
             continue;
@@ -140,17 +167,25 @@ async fn damaged_log_file(
         let Ok(text) = std::str::from_utf8(&bytes) else {
             return Some((file, "is not text".into()));
         };
+        let mut actions = std::collections::BTreeSet::new();
         for (i, line) in text
             .lines()
             .enumerate()
             .filter(|(_, l)| !l.trim().is_empty())
         {
-            if !matches!(
-                serde_json::from_str::<serde_json::Value>(line),
-                Ok(serde_json::Value::Object(_))
-            ) {
-                return Some((file, format!("has a damaged action at line {}", i + 1)));
+            match serde_json::from_str::<serde_json::Value>(line) {
+                Ok(serde_json::Value::Object(o)) => actions.extend(o.keys().cloned()),
+                _ => return Some((file, format!("has a damaged action at line {}", i + 1))),
             }
+        }
+        // The first commit creates the table: it must say what the table is.
+        if name.starts_with(&format!("{:020}", 0))
+            && !(actions.contains("metaData") && actions.contains("protocol"))
+        {
+            return Some((
+                file,
+                "has lost the table's metaData or protocol action (it was cut)".into(),
+            ));
         }
     }
     None

@@ -356,19 +356,23 @@ impl Sink for DeltaSink {
             && let Some(last) = batches.last_committed
             && version.is_none_or(|v| v < last)
         {
+            // Where the commit should be: the newest log file (cut), or the one after it (lost).
+            let newest = table.version().unwrap_or(0).max(0) as u64;
             return Err(ClassifiedError::new(
                 "DELTA_STREAMING_TXN_MISSING",
                 "55000",
                 format!(
                     "The Delta table at {} has no commit of batch {last} of query {} (its newest \
                      is {}), although the checkpoint committed that batch and every batch of a \
-                     complete-mode query commits: the table was replaced, or the checkpoint's \
-                     query ID is not the one that wrote it. Restore the table or the \
-                     checkpoint, or start the query over with `weir checkpoint reset DIR \
-                     --full`.",
+                     complete-mode query commits: the newest log file \
+                     '_delta_log/{newest:020}.json' was cut or '_delta_log/{:020}.json' lost, \
+                     the table was replaced, or the checkpoint's query ID is not the one that \
+                     wrote it. Restore the table or the checkpoint, or start the query over \
+                     with `weir checkpoint reset DIR --full`.",
                     self.url,
                     batches.query_id,
-                    version.map_or("none".to_string(), |v| format!("batch {v}"))
+                    version.map_or("none".to_string(), |v| format!("batch {v}")),
+                    newest + 1
                 ),
             )
             .into());
