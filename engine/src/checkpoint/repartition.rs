@@ -296,6 +296,20 @@ fn check_space(
     scratch: &std::path::Path,
     partitions: usize,
 ) -> Result<()> {
+    check_space_with(stored, state_dir, scratch, partitions, |dir| {
+        let fs = rustix::fs::statvfs(dir).ok()?;
+        Some(fs.f_bavail.saturating_mul(fs.f_frsize))
+    })
+}
+
+/// [`check_space`] with `free` telling the bytes free on a folder's filesystem.
+fn check_space_with(
+    stored: &[OperatorInfo],
+    state_dir: &std::path::Path,
+    scratch: &std::path::Path,
+    partitions: usize,
+    free: impl Fn(&std::path::Path) -> Option<u64>,
+) -> Result<()> {
     let state: u64 = stored
         .iter()
         .map(|o| bytes_under(&state_dir.join(o.state_id().to_string())))
@@ -309,10 +323,9 @@ fn check_space(
         .saturating_add(instances.saturating_mul(INSTANCE_OVERHEAD_BYTES));
     let scratch_parent = scratch.parent().unwrap_or(scratch);
     for dir in [state_dir, scratch_parent] {
-        let Ok(fs) = rustix::fs::statvfs(dir) else {
+        let Some(free) = free(dir) else {
             continue;
         };
-        let free = fs.f_bavail.saturating_mul(fs.f_frsize);
         if free < needed {
             return Err(Error::user(
                 "STATE_REPARTITION_INSUFFICIENT_SPACE",
@@ -446,6 +459,41 @@ mod tests {
     use arrow::datatypes::{DataType, Field, Schema};
 
     use super::*;
+
+    #[test]
+    fn a_repartition_the_disk_cannot_hold_is_refused_before_anything_is_written() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut op = OperatorInfo::placeholder();
+        op.store_names = vec!["default".into()];
+        // 1 MB of state in the operator's folder.
+        let store = dir.path().join("state/0/0/default");
+        std::fs::create_dir_all(&store).unwrap();
+        std::fs::write(store.join("1.changelog"), vec![0u8; 1 << 20]).unwrap();
+        let state = dir.path().join("state");
+        let scratch = dir.path().join("scratch/x");
+        let with_free = |free: u64, partitions: usize| {
+            check_space_with(&[op.clone()], &state, &scratch, partitions, |_| Some(free))
+        };
+        // 2 MB for the state twice, and 64 KB for each of 1,000 new instances: about 66 MB.
+        let err = with_free(60 << 20, 1000).unwrap_err();
+        assert_eq!(
+            err.error_class(),
+            "STATE_REPARTITION_INSUFFICIENT_SPACE",
+            "{err}"
+        );
+        assert!(err.to_string().contains("1000 store instances"), "{err}");
+        with_free(70 << 20, 1000).unwrap();
+        let err = with_free(2 << 20, 10).unwrap_err();
+        assert_eq!(
+            err.error_class(),
+            "STATE_REPARTITION_INSUFFICIENT_SPACE",
+            "{err}"
+        );
+        // Unknown free space (statvfs failed) does not refuse.
+        check_space_with(&[op.clone()], &state, &scratch, 1000, |_| None).unwrap();
+        // The real check on this machine passes for a small repartition.
+        check_space(&[op], &state, &scratch, 2).unwrap();
+    }
 
     #[test]
     fn a_key_goes_where_the_shuffle_sends_its_columns_without_the_event_time_prefix() {
