@@ -801,10 +801,99 @@ fn parquet_values(out: &Path) -> Result<Vec<i64>, String> {
     Ok(v)
 }
 
+/// What a run after damaging one file did.
+#[derive(Debug, Default)]
+struct MatrixCounts {
+    /// It ran, and the output is what an undamaged run gives.
+    harmless: usize,
+    /// It refused, naming the file, before writing anything.
+    refused: usize,
+    /// It ran, writing what an undamaged run writes, and a reader names the damaged file.
+    named_by_readers: usize,
+}
+
+/// The files of `<dir>/ck` and `<dir>/out`, as `ck/...` and `out/...`.
+fn files_of(dir: &Path) -> Vec<String> {
+    ["ck", "out"]
+        .iter()
+        .flat_map(|d| {
+            contents(&dir.join(d))
+                .into_iter()
+                .map(move |(rel, _)| format!("{d}/{rel}"))
+        })
+        .filter(|f| !f.ends_with(".weir-lock"))
+        .collect()
+}
+
+/// Damages each of `files` (under `work`, whose `ck` and `out` folders `restore` puts back) in
+/// every way, runs the query (`run`), and checks the outcome: a refusal must name the file (or
+/// its store, for a snapshot's data file) and leave both folders as they were; after a run that
+/// went on, `output` says whether the output is right (`Ok`), or gives a reader's error, which
+/// `read_error_allowed` must accept for that file.
+fn damage_matrix(
+    work: &Path,
+    files: &[String],
+    restore: impl Fn(),
+    run: impl Fn() -> (bool, String),
+    output: impl Fn() -> Result<(), String>,
+    read_error_allowed: impl Fn(&str, &str) -> bool,
+) -> MatrixCounts {
+    let (ck, out) = (work.join("ck"), work.join("out"));
+    let mut counts = MatrixCounts::default();
+    for file in files {
+        for how in FAULTS {
+            let case = format!("{file} {how:?}");
+            restore();
+            fault(&work.join(file), how);
+            let (damaged_ck, damaged_out) = (contents(&ck), contents(&out));
+            let (ok, err) = run();
+            assert!(!err.contains("panicked"), "{case}: {err}");
+            if ok {
+                match output() {
+                    Ok(()) => counts.harmless += 1,
+                    Err(read) => {
+                        assert!(read_error_allowed(file, &read), "{case}: {read} {err}");
+                        counts.named_by_readers += 1;
+                    }
+                }
+                continue;
+            }
+            let rel = file.split_once('/').map_or(file.as_str(), |(_, r)| r);
+            let named = match rel.rsplit_once("/files/") {
+                // A snapshot's data file: named by its store (the snapshot listing it).
+                Some((store, _)) => err.contains(store),
+                None => {
+                    err.contains(rel)
+                        // A lost changelog: its store has no such version.
+                        || (how == Fault::Deleted
+                            && rel.ends_with(".changelog")
+                            && err.contains("STATE_STORE_VERSION_NOT_FOUND"))
+                        // A lost offsets entry: the gap it leaves in the log.
+                        || (how == Fault::Deleted
+                            && rel.starts_with("offsets/")
+                            && err.contains("offsets"))
+                }
+            };
+            assert!(named, "{case}: the error does not name it: {err}");
+            assert_unchanged(&case, &damaged_ck, &ck);
+            assert_unchanged(&case, &damaged_out, &out);
+            counts.refused += 1;
+        }
+    }
+    assert_eq!(
+        counts.harmless + counts.refused + counts.named_by_readers,
+        files.len() * FAULTS.len()
+    );
+    counts
+}
+
 /// Every file of a checkpoint of a deduplication (RocksDB state, a snapshot every 2 versions)
 /// and of its parquet sink's output, damaged in every way: each case either leaves the output
 /// of the next run exactly what an undamaged run gives, or is refused, naming the file (or its
-/// state store, for a snapshot's data file), before anything is written to either folder.
+/// state store, for a snapshot's data file), before anything is written to either folder. A
+/// committed part file damaged in place (the same size) is the exception: a restart does not
+/// read the committed output, so the query goes on, writing what an undamaged run writes, and a
+/// reader names the file by its checksum.
 #[test]
 fn every_file_of_a_checkpoint_and_its_parquet_output_damaged_is_harmless_or_refused_first() {
     let work = tempfile::tempdir().unwrap();
@@ -835,81 +924,32 @@ fn every_file_of_a_checkpoint_and_its_parquet_output_damaged_is_harmless_or_refu
     let expected = parquet_values(&out).unwrap();
     assert_eq!(expected, (0..13).collect::<Vec<_>>());
 
-    let files: Vec<String> = contents(&base.path().join("ck"))
-        .into_iter()
-        .map(|(rel, _)| format!("ck/{rel}"))
-        .chain(
-            contents(&base.path().join("out"))
-                .into_iter()
-                .map(|(rel, _)| format!("out/{rel}")),
-        )
-        .filter(|f| !f.ends_with(".weir-lock"))
-        .collect();
+    let files = files_of(base.path());
     assert!(files.len() > 20, "{files:?}");
-    let (mut harmless, mut refused, mut found_by_readers) = (vec![], vec![], vec![]);
-    for file in &files {
-        for how in FAULTS {
-            let case = format!("{file} {how:?}");
-            restore();
-            fault(&work.path().join(file), how);
-            let (damaged_ck, damaged_out) = (contents(&ck), contents(&out));
-            let (ok, err) = run("1");
-            assert!(!err.contains("panicked"), "{case}: {err}");
-            if ok {
-                match parquet_values(&out) {
-                    Ok(values) => {
-                        assert_eq!(values, expected, "{case}: {err}");
-                        harmless.push(case);
-                    }
-                    // A committed part file damaged in place (same size): a restart does not
-                    // read the committed output, so the query goes on, writing what an
-                    // undamaged run writes; a reader names the file.
-                    Err(read) => {
-                        let rel = file.strip_prefix("out/").unwrap_or(file);
-                        assert!(
-                            file.starts_with("out/part-")
-                                && read.contains("FAILED_READ_FILE.FILE_CHECKSUM_MISMATCH")
-                                && read.contains(rel),
-                            "{case}: {read}"
-                        );
-                        found_by_readers.push(case);
-                    }
-                }
-                continue;
-            }
-            let rel = file.split_once('/').unwrap().1;
-            let named = match rel.rsplit_once("/files/") {
-                // A snapshot's data file: named by its store (the snapshot listing it).
-                Some((store, _)) => err.contains(store),
-                None => {
-                    err.contains(rel)
-                        // A lost changelog: its store has no such version.
-                        || (how == Fault::Deleted
-                            && rel.ends_with(".changelog")
-                            && err.contains("STATE_STORE_VERSION_NOT_FOUND"))
-                        // A lost offsets entry: the gap it leaves in the log.
-                        || (how == Fault::Deleted && rel.starts_with("offsets/")
-                            && err.contains("offsets"))
-                }
-            };
-            assert!(named, "{case}: the error does not name it: {err}");
-            assert_unchanged(&case, &damaged_ck, &ck);
-            assert_unchanged(&case, &damaged_out, &out);
-            refused.push(case);
-        }
-    }
+    let counts = damage_matrix(
+        work.path(),
+        &files,
+        restore,
+        || run("1"),
+        || {
+            let values = parquet_values(&out)?;
+            assert_eq!(values, expected);
+            Ok(())
+        },
+        |file, read| {
+            file.starts_with("out/part-")
+                && read.contains("FAILED_READ_FILE.FILE_CHECKSUM_MISMATCH")
+                && read.contains(file.trim_start_matches("out/"))
+        },
+    );
     eprintln!(
         "parquet matrix: {} files x {} faults: {} harmless, {} refused before writing, {} \
          (committed part files damaged in place) named by readers",
         files.len(),
         FAULTS.len(),
-        harmless.len(),
-        refused.len(),
-        found_by_readers.len()
-    );
-    assert_eq!(
-        harmless.len() + refused.len() + found_by_readers.len(),
-        files.len() * FAULTS.len()
+        counts.harmless,
+        counts.refused,
+        counts.named_by_readers
     );
 }
 
@@ -947,17 +987,8 @@ fn delta_counts(out: &Path) -> Result<Vec<String>, String> {
 #[test]
 fn every_file_of_a_checkpoint_and_its_delta_table_damaged_is_harmless_or_refused_first() {
     let s = setup();
-    let files: Vec<String> = contents(&s.base.path().join("ck"))
-        .into_iter()
-        .map(|(rel, _)| format!("ck/{rel}"))
-        .chain(
-            contents(&s.base.path().join("out"))
-                .into_iter()
-                .map(|(rel, _)| format!("out/{rel}")),
-        )
-        .filter(|f| !f.ends_with(".weir-lock"))
-        .collect();
-    let (ck, out) = (s.work.path().join("ck"), s.work.path().join("out"));
+    let files = files_of(s.base.path());
+    let out = s.work.path().join("out");
     // A log file that does not parse is named.
     s.restore();
     let log = "_delta_log/00000000000000000001.json";
@@ -967,49 +998,22 @@ fn every_file_of_a_checkpoint_and_its_delta_table_damaged_is_harmless_or_refused
         !ok && err.contains("DELTA_LOG_CORRUPT") && err.contains(log),
         "{err}"
     );
-    let (mut harmless, mut refused) = (vec![], vec![]);
-    for file in &files {
-        for how in FAULTS {
-            let case = format!("{file} {how:?}");
-            s.restore();
-            fault(&s.work.path().join(file), how);
-            let (damaged_ck, damaged_out) = (contents(&ck), contents(&out));
-            let (ok, err) = s.run();
-            assert!(!err.contains("panicked"), "{case}: {err}");
-            if ok {
-                assert_eq!(
-                    delta_counts(&out),
-                    Ok(ALL_FOUR.iter().map(|r| r.to_string()).collect()),
-                    "{case}: {err}"
-                );
-                harmless.push(case);
-                continue;
-            }
-            let rel = file.split_once('/').unwrap().1;
-            let named = match rel.rsplit_once("/files/") {
-                Some((store, _)) => err.contains(store),
-                None => {
-                    err.contains(rel)
-                        || (how == Fault::Deleted
-                            && rel.ends_with(".changelog")
-                            && err.contains("STATE_STORE_VERSION_NOT_FOUND"))
-                        || (how == Fault::Deleted
-                            && rel.starts_with("offsets/")
-                            && err.contains("offsets"))
-                }
-            };
-            assert!(named, "{case}: the error does not name it: {err}");
-            assert_unchanged(&case, &damaged_ck, &ck);
-            assert_unchanged(&case, &damaged_out, &out);
-            refused.push(case);
-        }
-    }
+    let counts = damage_matrix(
+        s.work.path(),
+        &files,
+        || s.restore(),
+        || s.run(),
+        || {
+            assert_eq!(delta_counts(&out)?, ALL_FOUR);
+            Ok(())
+        },
+        |_, _| false,
+    );
     eprintln!(
         "delta matrix: {} files x {} faults: {} harmless, {} refused before writing",
         files.len(),
         FAULTS.len(),
-        harmless.len(),
-        refused.len()
+        counts.harmless,
+        counts.refused
     );
-    assert_eq!(harmless.len() + refused.len(), files.len() * FAULTS.len());
 }

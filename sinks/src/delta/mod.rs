@@ -357,7 +357,7 @@ impl Sink for DeltaSink {
             && version.is_none_or(|v| v < last)
         {
             // Where the commit should be: the newest log file (cut), or the one after it (lost).
-            let newest = table.version().unwrap_or(0).max(0) as u64;
+            let newest: u64 = table.version().unwrap_or(0);
             return Err(ClassifiedError::new(
                 "DELTA_STREAMING_TXN_MISSING",
                 "55000",
