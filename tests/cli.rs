@@ -901,3 +901,36 @@ fn repartition_is_bounded_and_a_failed_one_leaves_the_checkpoint_as_it_was() {
     let (ok, _, stderr) = weir(&["checkpoint", "repartition", ck_s, "--partitions", "3"]);
     assert!(ok, "{stderr}");
 }
+
+/// A second checkpoint writing to a file sink folder that another query's batches are in would
+/// have its own batches 0, 1, ... skipped as already written: it is refused before it runs.
+#[test]
+fn a_second_checkpoint_on_one_file_sink_folder_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let sql = format!(
+        "CREATE STREAMING TABLE t USING parquet LOCATION '{}' AS SELECT value FROM STREAM \
+         rate_micro_batch(rowsPerBatch => 5)",
+        dir.path().join("out").display()
+    );
+    let run = |ck: &str| {
+        let ck = dir.path().join(ck);
+        weir(&[
+            "run",
+            "-e",
+            &sql,
+            "--checkpoint",
+            ck.to_str().unwrap(),
+            "--max-batches",
+            "2",
+        ])
+    };
+    let (ok, _, stderr) = run("a");
+    assert!(ok, "{stderr}");
+    let (ok, _, stderr) = run("b");
+    assert!(!ok, "a second checkpoint wrote into the folder");
+    assert!(
+        stderr.contains("STREAMING_SINK_OUTPUT_OF_ANOTHER_QUERY"),
+        "{stderr}"
+    );
+    assert!(!dir.path().join("b/offsets").exists());
+}

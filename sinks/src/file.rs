@@ -237,7 +237,20 @@ impl Sink for FileSink {
                 )
                 .into());
             }
-            if batches.last_planned.is_none_or(|p| *id > p) {
+            if batches.last_planned.is_none() {
+                return Err(ClassifiedError::new(
+                    "STREAMING_SINK_OUTPUT_OF_ANOTHER_QUERY",
+                    "42K03",
+                    format!(
+                        "The output folder '{display}' already holds batches of another query \
+                         (batch {id}, written with another checkpoint), and this query has run \
+                         none: its batches would be skipped as already written. Write to an \
+                         empty folder, or run the query with the checkpoint that wrote this one."
+                    ),
+                )
+                .into());
+            }
+            if batches.last_planned.is_some_and(|p| *id > p) {
                 return Err(Error::Corrupt(format!(
                     "The file sink's manifest entry '{display}/{MANIFEST_DIR}/{id}' is of a batch \
                      the checkpoint never planned ({}): the checkpoint is older than the output \
