@@ -934,3 +934,55 @@ fn a_second_checkpoint_on_one_file_sink_folder_is_refused() {
     );
     assert!(!dir.path().join("b/offsets").exists());
 }
+
+/// A full refresh clears a file sink folder whose manifest is damaged (the part files are found
+/// by their names), instead of stopping half-way with every run refused.
+#[test]
+fn a_full_refresh_clears_a_file_sink_whose_manifest_is_damaged() {
+    let dir = tempfile::tempdir().unwrap();
+    let (ck, out) = (dir.path().join("ck"), dir.path().join("out"));
+    let sql = format!(
+        "CREATE STREAMING TABLE t USING parquet LOCATION '{}' AS SELECT value FROM STREAM \
+         rate_micro_batch(rowsPerBatch => 5)",
+        out.display()
+    );
+    let ck_s = ck.to_str().unwrap();
+    let (ok, _, stderr) = weir(&[
+        "run",
+        "-e",
+        &sql,
+        "--checkpoint",
+        ck_s,
+        "--max-batches",
+        "2",
+    ]);
+    assert!(ok, "{stderr}");
+    let entry = out.join("_weir_metadata/1");
+    let mut bytes = std::fs::read(&entry).unwrap();
+    let at = bytes.len() / 2;
+    bytes[at] ^= 0x01;
+    std::fs::write(&entry, bytes).unwrap();
+    let (ok, _, stderr) = weir(&["checkpoint", "reset", ck_s, "--full"]);
+    assert!(ok, "{stderr}");
+    let parts = std::fs::read_dir(&out)
+        .unwrap()
+        .filter(|e| {
+            e.as_ref()
+                .unwrap()
+                .file_name()
+                .to_string_lossy()
+                .starts_with("part-")
+        })
+        .count();
+    assert_eq!(parts, 0, "part files left after the refresh");
+    let (ok, _, stderr) = weir(&[
+        "run",
+        "-e",
+        &sql,
+        "--checkpoint",
+        ck_s,
+        "--max-batches",
+        "1",
+    ]);
+    assert!(ok, "{stderr}");
+}

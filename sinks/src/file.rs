@@ -312,10 +312,15 @@ impl Sink for FileSink {
     /// folder without its log is read as empty, and the parts left by a stop half-way are
     /// found by their names when the refresh runs again.
     async fn clear_output(&self) -> Result<()> {
-        let listed: Vec<String> = read_manifest(&self.location)
-            .await?
-            .map(|m| m.files.into_iter().map(|f| f.path).collect())
-            .unwrap_or_default();
+        // Best effort on a damaged manifest: the part files it lists are found by their names
+        // below anyway, and a refresh that stopped here could not be finished.
+        let listed: Vec<String> = match read_manifest(&self.location).await {
+            Ok(m) => m
+                .map(|m| m.files.into_iter().map(|f| f.path).collect())
+                .unwrap_or_default(),
+            Err(Error::Corrupt(_)) => vec![],
+            Err(e) => return Err(e),
+        };
         let log = self.location.child(MANIFEST_DIR);
         log.delete_all().await?;
         if let Some(dir) = log.local_dir() {

@@ -604,6 +604,18 @@ fn parse_metadata(location: &Location, bytes: &[u8]) -> Result<Uuid> {
                 location.display()
             ),
         )),
+        // A flipped bit in the version of a checksummed file is damage, not a newer weir.
+        Some(v)
+            if v > CHECKPOINT_VERSION
+                && meta
+                    .fnv64
+                    .as_ref()
+                    .is_some_and(|sum| *sum != Metadata::checksum(meta.id, v)) =>
+        {
+            Err(corrupt(
+                "is damaged: its checksum does not match its query ID and version".into(),
+            ))
+        }
         Some(v) if v > CHECKPOINT_VERSION => Err(Error::Corrupt {
             file,
             problem: format!(

@@ -340,8 +340,9 @@ impl Sink for DeltaSink {
                     "The Delta table at {} holds batch {v} of query {}, which this checkpoint \
                      never planned ({}): the checkpoint is older than the table (restored from \
                      an earlier copy?), and the batches it runs again would be skipped as \
-                     already written. Restore the checkpoint that wrote the table, or start the \
-                     query over with `weir checkpoint reset DIR --full`.",
+                     already written. The table is intact: restore the checkpoint that wrote it. \
+                     (`weir checkpoint reset DIR --full` would start over, but it empties the \
+                     whole table, other writers' rows too.)",
                     self.url,
                     batches.query_id,
                     match batches.last_planned {
@@ -364,11 +365,12 @@ impl Sink for DeltaSink {
                 format!(
                     "The Delta table at {} has no commit of batch {last} of query {} (its newest \
                      is {}), although the checkpoint committed that batch and every batch of a \
-                     complete-mode query commits: the newest log file \
-                     '_delta_log/{newest:020}.json' was cut or '_delta_log/{:020}.json' lost, \
-                     the table was replaced, or the checkpoint's query ID is not the one that \
-                     wrote it. Restore the table or the checkpoint, or start the query over \
-                     with `weir checkpoint reset DIR --full`.",
+                     complete-mode query commits. The newest log file \
+                     '_delta_log/{newest:020}.json' was cut or '_delta_log/{:020}.json' lost, the \
+                     table was replaced, the checkpoint's query ID is not the one that wrote it, \
+                     or the query ran in append mode (where an empty batch commits nothing) \
+                     before it was changed to complete. Restore the table or the checkpoint; \
+                     `weir checkpoint reset DIR --full` starts over, emptying the whole table.",
                     self.url,
                     batches.query_id,
                     version.map_or("none".to_string(), |v| format!("batch {v}")),

@@ -207,7 +207,7 @@ pub fn read_file(
         FileFormat::Parquet => read_parquet(schema, path, bytes),
         FileFormat::Json | FileFormat::Csv => {
             let (read_schema, corrupt) = split_corrupt(o, schema);
-            if read_schema.fields().is_empty() {
+            if read_schema.fields().is_empty() && o.format == FileFormat::Json {
                 // Only the corrupt-record column (inferred from files holding no JSON object):
                 // one row per record, the text of those that are not JSON objects.
                 return corrupt_only(o, schema, corrupt, path, &bytes);
