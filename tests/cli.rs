@@ -7,6 +7,8 @@
 
 use std::process::Command;
 
+mod support;
+
 fn weir(args: &[&str]) -> (bool, String, String) {
     let out = Command::new(env!("CARGO_BIN_EXE_weir"))
         .args(args)
@@ -441,24 +443,6 @@ fn bench_files_and_kafka_workloads_run_on_prepared_inputs() {
     );
 }
 
-/// Every file under `dir` with its content, sorted.
-fn snapshot_of(dir: &std::path::Path) -> Vec<(String, Vec<u8>)> {
-    let mut out = vec![];
-    let mut todo = vec![dir.to_path_buf()];
-    while let Some(d) = todo.pop() {
-        for e in std::fs::read_dir(d).unwrap().flatten() {
-            if e.file_type().unwrap().is_dir() {
-                todo.push(e.path());
-            } else if e.file_name() != ".weir-lock" {
-                let rel = e.path().strip_prefix(dir).unwrap().display().to_string();
-                out.push((rel, std::fs::read(e.path()).unwrap()));
-            }
-        }
-    }
-    out.sort();
-    out
-}
-
 #[test]
 fn reset_flags_that_do_not_mean_one_thing_are_refused_before_anything_changes() {
     let dir = tempfile::tempdir().unwrap();
@@ -481,7 +465,7 @@ fn reset_flags_that_do_not_mean_one_thing_are_refused_before_anything_changes() 
         "2",
     ]);
     assert!(ok, "{stderr}");
-    let before = (snapshot_of(&ck), snapshot_of(&out));
+    let before = (support::contents(&ck), support::contents(&out));
     let q = query.to_str().unwrap();
     for args in [
         vec!["--full", "--source", "0"],
@@ -498,7 +482,7 @@ fn reset_flags_that_do_not_mean_one_thing_are_refused_before_anything_changes() 
         assert!(!ok, "{args:?} was accepted");
         assert!(stderr.contains("error"), "{args:?}: {stderr}");
         assert_eq!(
-            (snapshot_of(&ck), snapshot_of(&out)),
+            (support::contents(&ck), support::contents(&out)),
             before,
             "{args:?} changed the checkpoint or the output"
         );
@@ -861,12 +845,12 @@ fn repartition_is_bounded_and_a_failed_one_leaves_the_checkpoint_as_it_was() {
         "3",
     ]);
     assert!(ok, "{stderr}");
-    let before = snapshot_of(&ck);
+    let before = support::contents(&ck);
     for n in ["1000000", "0"] {
         let (ok, _, stderr) = weir(&["checkpoint", "repartition", ck_s, "--partitions", n]);
         assert!(!ok, "{n} partitions accepted");
         assert!(stderr.contains("STREAMING_INVALID_OPTION"), "{stderr}");
-        assert_eq!(snapshot_of(&ck), before, "{n}");
+        assert_eq!(support::contents(&ck), before, "{n}");
     }
     // A changelog the rewrite needs, damaged: the repartition fails and cleans up.
     let log = ck.join("state/0/0/default/3.changelog");
@@ -875,12 +859,12 @@ fn repartition_is_bounded_and_a_failed_one_leaves_the_checkpoint_as_it_was() {
     let at = bad.len() / 2;
     bad[at] ^= 0x40;
     std::fs::write(&log, &bad).unwrap();
-    let damaged = snapshot_of(&ck);
+    let damaged = support::contents(&ck);
     let (ok, _, stderr) = weir(&["checkpoint", "repartition", ck_s, "--partitions", "3"]);
     assert!(!ok);
     assert!(stderr.contains("STATE_STORE_FILE_CORRUPT"), "{stderr}");
     assert_eq!(
-        snapshot_of(&ck),
+        support::contents(&ck),
         damaged,
         "the failed repartition left files behind"
     );

@@ -12,32 +12,7 @@ use std::path::Path;
 use std::process::Command;
 
 mod support;
-
-/// Every file under `dir` with its content.
-fn contents(dir: &Path) -> Vec<(String, Vec<u8>)> {
-    let mut out = vec![];
-    let mut todo = vec![dir.to_path_buf()];
-    while let Some(d) = todo.pop() {
-        for e in std::fs::read_dir(d).unwrap().flatten() {
-            if e.file_type().unwrap().is_dir() {
-                todo.push(e.path());
-            } else {
-                let rel = e.path().strip_prefix(dir).unwrap().display().to_string();
-                out.push((rel, std::fs::read(e.path()).unwrap()));
-            }
-        }
-    }
-    out.sort();
-    out
-}
-
-fn copy_dir(from: &Path, to: &Path) {
-    for (rel, bytes) in contents(from) {
-        let path = to.join(rel);
-        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
-        std::fs::write(path, bytes).unwrap();
-    }
-}
+use support::{contents, copy_dir};
 
 #[derive(Debug, Clone, Copy, PartialEq)]
 enum Damage {

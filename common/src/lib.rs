@@ -2,6 +2,7 @@
 //! options with typed parsing, Spark-style duration strings, and storage locations (checkpoints
 //! and file sinks) on `object_store` with create-only writes.
 
+pub mod batch_id;
 #[cfg(feature = "delta")]
 pub mod delta;
 pub mod duration;

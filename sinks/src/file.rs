@@ -237,7 +237,7 @@ impl Sink for FileSink {
                 )
                 .into());
             }
-            if batches.last_planned.is_none() {
+            let Some(planned) = batches.last_planned else {
                 return Err(ClassifiedError::new(
                     "STREAMING_SINK_OUTPUT_OF_ANOTHER_QUERY",
                     "42K03",
@@ -249,19 +249,15 @@ impl Sink for FileSink {
                     ),
                 )
                 .into());
-            }
-            if batches.last_planned.is_some_and(|p| *id > p) {
+            };
+            if *id > planned {
                 return Err(Error::Corrupt(format!(
                     "The file sink's manifest entry '{display}/{MANIFEST_DIR}/{id}' is of a batch \
-                     the checkpoint never planned ({}): the checkpoint is older than the output \
-                     (restored from an earlier copy?), and batches it runs again would be \
-                     skipped as already written. Restore the checkpoint that wrote the folder, \
-                     or start the query over with `weir checkpoint reset DIR --full` (which \
-                     clears the folder's output).",
-                    match batches.last_planned {
-                        Some(p) => format!("its newest batch is {p}"),
-                        None => "it has planned none".into(),
-                    }
+                     the checkpoint never planned (its newest batch is {planned}): the \
+                     checkpoint is older than the output (restored from an earlier copy?), and \
+                     batches it runs again would be skipped as already written. Restore the \
+                     checkpoint that wrote the folder, or start the query over with `weir \
+                     checkpoint reset DIR --full` (which clears the folder's output)."
                 )));
             }
         }
@@ -344,25 +340,6 @@ impl Sink for FileSink {
         batches: Vec<RecordBatch>,
     ) -> Result<()> {
         let query_id = self.query_id.lock().ok().and_then(|q| q.clone());
-        self.write_batch(batch_id, schema, batches, query_id.as_deref())
-            .await
-    }
-
-    fn as_any(&self) -> &dyn Any {
-        self
-    }
-}
-
-impl FileSink {
-    /// Writes the batch's part file, then its manifest entry (create-only), unless the entry
-    /// exists.
-    async fn write_batch(
-        &self,
-        batch_id: u64,
-        schema: SchemaRef,
-        batches: Vec<RecordBatch>,
-        query_id: Option<&str>,
-    ) -> Result<()> {
         let entry = format!("{MANIFEST_DIR}/{batch_id}");
         if self.location.exists(&entry).await? {
             tracing::info!(
@@ -396,7 +373,7 @@ impl FileSink {
             format: self.format,
             options: self.options.clone(),
             schema: schema.as_ref().clone(),
-            query_id: query_id.map(str::to_string),
+            query_id,
         };
         let mut text = format!("{ENTRY_VERSION}\n");
         text += &serde_json::to_string(&header).map_err(internal)?;
@@ -419,6 +396,10 @@ impl FileSink {
             );
         }
         Ok(())
+    }
+
+    fn as_any(&self) -> &dyn Any {
+        self
     }
 }
 
@@ -489,12 +470,15 @@ pub async fn check_files(
     let found: std::collections::HashMap<String, u64> =
         location.list_files("").await?.into_iter().collect();
     for f in files {
-        let problem = match found.get(&f.path) {
-            None => "is missing".to_string(),
-            Some(&size) if size != f.size => format!(
-                "has {size} bytes where its manifest entry recorded {} (it was cut, emptied or \
-                 replaced)",
-                f.size
+        let (class, problem) = match found.get(&f.path) {
+            None => ("FAILED_READ_FILE.FILE_NOT_EXIST", "is missing".to_string()),
+            Some(&size) if size != f.size => (
+                "FAILED_READ_FILE.FILE_SIZE_MISMATCH",
+                format!(
+                    "has {size} bytes where its manifest entry recorded {} (it was cut, emptied \
+                     or replaced)",
+                    f.size
+                ),
             ),
             Some(_) => match f.crc32.filter(|_| contents) {
                 None => continue,
@@ -503,19 +487,16 @@ pub async fn check_files(
                     if crc32fast::hash(&bytes) == crc {
                         continue;
                     }
-                    "has other bytes than it was written with (its checksum does not match)"
-                        .to_string()
+                    (
+                        "FAILED_READ_FILE.FILE_CHECKSUM_MISMATCH",
+                        "has other bytes than it was written with (its checksum does not match)"
+                            .to_string(),
+                    )
                 }
             },
         };
         return Err(ClassifiedError::new(
-            if problem.contains("checksum") {
-                "FAILED_READ_FILE.FILE_CHECKSUM_MISMATCH"
-            } else if found.contains_key(&f.path) {
-                "FAILED_READ_FILE.FILE_SIZE_MISMATCH"
-            } else {
-                "FAILED_READ_FILE.FILE_NOT_EXIST"
-            },
+            class,
             "KD001",
             format!(
                 "The file sink's part file '{}/{}' {problem}; its {} rows are committed output. \
@@ -535,12 +516,10 @@ pub async fn check_files(
 async fn read_entries(location: &Location) -> Result<Vec<(u64, EntryHeader, Vec<ManifestFile>)>> {
     let mut ids = vec![];
     for (name, _) in location.list_files(MANIFEST_DIR).await? {
-        if name.is_empty() || !name.bytes().all(|b| b.is_ascii_digit()) {
-            continue;
-        }
-        match name.parse::<u64>() {
-            Ok(id) if id <= i64::MAX as u64 => ids.push(id),
-            _ => {
+        match weir_common::batch_id::entry_name(&name) {
+            weir_common::batch_id::EntryName::Other => {}
+            weir_common::batch_id::EntryName::Batch(id) => ids.push(id),
+            weir_common::batch_id::EntryName::OutOfRange => {
                 return Err(Error::Corrupt(format!(
                     "The file sink's manifest entry '{}/{MANIFEST_DIR}/{name}' is named as no \
                      batch weir writes (batch IDs stay below 2^63): move it out of the folder.",

@@ -27,6 +27,7 @@ use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 use weir_common::Location;
+use weir_common::batch_id::{EntryName, entry_name};
 use weir_common::location::Created;
 
 pub use log::{BatchMetadata, CommitEntry, OffsetEntry, SourceRange};
@@ -47,9 +48,6 @@ const RESETS: &str = "resets";
 const SOURCE_NAMES: &str = "source_names";
 /// The checkpoint format this weir writes: 2 checksums `metadata` (1 did not; still read).
 const CHECKPOINT_VERSION: u32 = 2;
-/// The largest batch ID a log entry may have: Spark's batch IDs are a `Long`, and staying below
-/// `u64::MAX` keeps `batch + 1` (and `+ 2`) from overflowing.
-pub const MAX_BATCH_ID: u64 = i64::MAX as u64;
 
 /// `metadata`: one JSON object, as Spark's, so its `id` reads the same; from checkpoint version
 /// 2 on with `fnv64`, a checksum of the ID and version. A flipped bit in the query ID still
@@ -424,13 +422,10 @@ impl Checkpoint {
     async fn ids(&self, dir: &str) -> Result<Vec<u64>> {
         let mut ids = vec![];
         for (name, _) in self.location.list_files(dir).await? {
-            // Other files (a `.tmp` a crash left, an editor's backup) are not entries.
-            if name.is_empty() || !name.bytes().all(|b| b.is_ascii_digit()) {
-                continue;
-            }
-            match name.parse::<u64>() {
-                Ok(id) if id <= MAX_BATCH_ID => ids.push(id),
-                _ => {
+            match entry_name(&name) {
+                EntryName::Other => {}
+                EntryName::Batch(id) => ids.push(id),
+                EntryName::OutOfRange => {
                     return Err(Error::Corrupt {
                         file: self.file(&format!("{dir}/{name}")),
                         problem: format!(

@@ -318,16 +318,7 @@ impl StateRun {
     /// found inside the batch after its offsets were logged and older ones purged. The rebuilt
     /// instances stay open for the batch. Stores open in parallel, as the batch would.
     pub(crate) fn prepare(&self, operators: &[OperatorInfo], batch: u64) -> EngineResult<()> {
-        let stores: Vec<(u32, usize, &str)> = operators
-            .iter()
-            .flat_map(|op| {
-                (0..op.num_partitions).flat_map(move |p| {
-                    op.store_names
-                        .iter()
-                        .map(move |n| (op.operator_id, p, n.as_str()))
-                })
-            })
-            .collect();
+        let stores: Vec<(u32, usize, &str)> = stores_of(operators).collect();
         let threads = std::thread::available_parallelism()
             .map_or(1, |n| n.get())
             .min(stores.len().max(1));
@@ -355,19 +346,26 @@ impl StateRun {
 
     /// Lets every store of `operators` forget what batches from `batch` on do not need.
     pub(crate) fn purge_below(&self, operators: &[OperatorInfo], batch: u64) -> EngineResult<()> {
-        for op in operators {
-            let info = self.layout_of(op.operator_id);
-            for partition in 0..op.num_partitions {
-                for name in &op.store_names {
-                    let id = weir_state::StoreId::new(info.state_id(), partition as u32, name);
-                    self.provider
-                        .purge_below(&id, info.state_version(batch))
-                        .map_err(|e| Error::User(e.into()))?;
-                }
-            }
+        for (operator, partition, name) in stores_of(operators) {
+            let info = self.layout_of(operator);
+            let id = weir_state::StoreId::new(info.state_id(), partition as u32, name);
+            self.provider
+                .purge_below(&id, info.state_version(batch))
+                .map_err(|e| Error::User(e.into()))?;
         }
         Ok(())
     }
+}
+
+/// Every state store of `operators`: (operator ID, partition, store name).
+fn stores_of(operators: &[OperatorInfo]) -> impl Iterator<Item = (u32, usize, &str)> {
+    operators.iter().flat_map(|op| {
+        (0..op.num_partitions).flat_map(move |p| {
+            op.store_names
+                .iter()
+                .map(move |n| (op.operator_id, p, n.as_str()))
+        })
+    })
 }
 
 /// The watermarks a batch runs with, in milliseconds: stateful operators drop input rows at
