@@ -564,3 +564,81 @@ async fn a_partitioned_table_streams_back_with_its_partition_values_and_an_empty
     );
     assert!(log[2].contains("\"txn\":{\"appId\""), "{}", log[2]);
 }
+
+/// As Spark's Delta sink, a batch with no rows still commits the query's `txn`: in append mode
+/// too the table's record of the query ends at the checkpoint's last committed batch. So a lost
+/// newest commit is refused at restart (a batch would otherwise be lost silently), and a
+/// windowed count whose append-mode batches emitted nothing yet can go on in complete mode.
+#[test]
+fn an_empty_append_batch_commits_its_txn_so_a_lost_commit_is_refused_and_modes_can_change() {
+    let dir = tempfile::tempdir().unwrap();
+    let (out, ck) = (dir.path().join("t"), dir.path().join("ck"));
+    let (out_s, ck_s) = (out.to_str().unwrap(), ck.to_str().unwrap());
+    let sql = |mode: &str| {
+        format!(
+            "CREATE STREAMING TABLE t USING delta LOCATION '{out_s}' OPTIONS (outputMode \
+             '{mode}') AS SELECT count(*) AS n FROM STREAM rate_micro_batch(rowsPerBatch => 2) \
+             WATERMARK timestamp DELAY OF INTERVAL 0 SECONDS GROUP BY window(timestamp, '10 \
+             seconds')"
+        )
+    };
+    // Three batches 1 s apart: the first 10-second window is still open, so each emits nothing.
+    weir_run(&sql("append"), ck_s, &["--max-batches", "3"]);
+    let log = commits(out_s);
+    assert_eq!(
+        log.len(),
+        4,
+        "the table's creation and one commit per batch: {log:?}"
+    );
+    for (batch, commit) in log[1..].iter().enumerate() {
+        assert!(
+            commit.contains("\"txn\"") && commit.contains(&format!("\"version\":{batch}")),
+            "{commit}"
+        );
+        assert!(!commit.contains("\"add\""), "{commit}");
+    }
+
+    // The newest commit lost: the checkpoint's batch 2 is not in the table.
+    let saved = dir.path().join("saved");
+    std::fs::create_dir(&saved).unwrap();
+    let newest = out.join("_delta_log/00000000000000000003.json");
+    std::fs::copy(&newest, saved.join("3.json")).unwrap();
+    std::fs::remove_file(&newest).unwrap();
+    let o = Command::new(env!("CARGO_BIN_EXE_weir"))
+        .args([
+            "run",
+            "-e",
+            &sql("append"),
+            "--checkpoint",
+            ck_s,
+            "--max-batches",
+            "1",
+        ])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success(), "{err}");
+    assert!(
+        err.contains("DELTA_STREAMING_TXN_MISSING") && err.contains("00000000000000000003.json"),
+        "{err}"
+    );
+    assert!(!ck.join("offsets/3").exists());
+
+    // Put back, the query goes on in complete mode: the count of the open window so far.
+    std::fs::copy(saved.join("3.json"), &newest).unwrap();
+    weir_run(&sql("complete"), ck_s, &["--max-batches", "1"]);
+    let o = Command::new(env!("CARGO_BIN_EXE_weir"))
+        .args([
+            "run",
+            "-e",
+            &format!("CREATE EXTERNAL TABLE c STORED AS DELTA LOCATION '{out_s}'; SELECT n FROM c"),
+        ])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(
+        text.contains("| 8 |"),
+        "four batches of two rows in one window: {text}"
+    );
+}

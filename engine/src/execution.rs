@@ -105,10 +105,15 @@ impl RestartPoint {
 
     /// A conf value the checkpoint's last logged batch ran with.
     pub(crate) fn logged_conf(&self, key: &str) -> Option<&str> {
+        self.logged().get(key).map(String::as_str)
+    }
+
+    /// The conf the checkpoint's last logged batch ran with.
+    pub(crate) fn logged(&self) -> &BTreeMap<String, String> {
         let entry = match self {
             Self::After { entry, .. } | Self::Replay { entry, .. } => entry,
         };
-        entry.metadata.conf.get(key).map(String::as_str)
+        &entry.metadata.conf
     }
 
     /// The newest batch the checkpoint planned (logged).

@@ -88,6 +88,10 @@ pub struct CheckpointBatches<'a> {
     /// The newest batch the checkpoint planned (logged in its offsets): a batch after it was
     /// never run on this checkpoint.
     pub last_planned: Option<u64>,
+    /// Whether the sink was given every batch to record, empty ones too (checkpoints created
+    /// since weir records them); a sink that records only non-empty batches may lack the newest
+    /// ones of an older checkpoint.
+    pub every_batch_recorded: bool,
 }
 
 /// Where the output of a streaming query goes.

@@ -160,6 +160,10 @@ pub(crate) async fn check_sink_batches(
         query_id: &query_id,
         last_committed: last_committed.filter(|_| every_batch),
         last_planned: restart.map(RestartPoint::last_planned),
+        every_batch_recorded: super::created_with(
+            restart.map(RestartPoint::logged),
+            super::EVERY_BATCH_RECORDED,
+        ),
     })
     .await?;
     Ok(())

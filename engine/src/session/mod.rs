@@ -77,6 +77,19 @@ pub(crate) const SHUFFLE_PARTITIONS: &str = "weir.sql.shuffle.partitions";
 pub(crate) const STATE_STORE: &str = "weir.sql.streaming.stateStore.provider";
 /// The offsets log's conf key for how a query with several watermarks combines them.
 pub(crate) const WATERMARK_POLICY: &str = "weir.sql.streaming.multipleWatermarkPolicy";
+/// The offsets log's conf key saying a `GROUP BY` of a `window()`'s alias groups by the call
+/// (see [`weir_planner::window::inline_window_aliases`]): `true` in checkpoints created since,
+/// absent in older ones, which keep grouping by the column so that their state still fits.
+pub(crate) const WINDOW_ALIAS_GROUPING: &str = "weir.sql.streaming.groupByWindowAlias";
+/// The offsets log's conf key saying the sink was given every batch to record, empty ones too
+/// (a Delta sink commits them): `true` in checkpoints created since, absent in older ones.
+pub(crate) const EVERY_BATCH_RECORDED: &str = "weir.sink.everyBatchRecorded";
+
+/// Whether a checkpoint was created with a behaviour that a conf key marks (`key` is `true` in
+/// its logged conf); a new checkpoint (`conf` is `None`) is.
+pub(crate) fn created_with(conf: Option<&BTreeMap<String, String>>, key: &str) -> bool {
+    conf.is_none_or(|c| c.get(key).is_some_and(|v| v == "true"))
+}
 
 use crate::memory_table::MemorySinkTable;
 use crate::query::{Shared, StreamingQuery, StreamingQueryManager};
@@ -680,14 +693,7 @@ impl DataStreamWriter {
                  source with read_stream() or FROM STREAM ..., or run it as a batch query.",
             ));
         }
-        let plan = weir_planner::dedupe::rewrite_distinct_on(self.plan.clone())?;
-        let plan = weir_planner::join::rewrite_stream_joins(plan)?;
-        let plan = weir_planner::window::inline_window_aliases(plan)?;
-        let plan = weir_planner::window::expand_sliding_windows(plan)?;
-        let plan = weir_planner::session_window::rewrite_session_windows(plan)?;
-        check_streaming_plan(&plan, self.output_mode)?;
-        let stateful = has_stateful_operator(&plan);
-        let plan = with_fresh_streaming_tables(plan)?;
+        let (plan, stateful) = streaming_plan(&self.plan, self.output_mode, true)?;
         // Optimized here only to find errors before anything starts; each batch optimizes the
         // plan again with its own batch time, so now() is the batch's time, as in Spark.
         let optimized = inner.ctx.state().optimize(&plan)?;
@@ -737,15 +743,8 @@ impl DataStreamWriter {
 
     /// Checks the query, opens the checkpoint and starts the query.
     pub async fn start(mut self) -> Result<StreamingQuery> {
-        let Planned {
-            sources,
-            plan,
-            stateful,
-            tables,
-            schema,
-            sink,
-            sink_record,
-        } = self.plan_query()?;
+        let planned = self.plan_query()?;
+        let (sources, sink) = (planned.sources.clone(), Arc::clone(&planned.sink));
         let inner = self.session;
         let state = inner.ctx.state();
         let (location, temporary) = match &self.checkpoint {
@@ -777,6 +776,21 @@ impl DataStreamWriter {
         let resets = checkpoint.resets().await?;
         checkpoint.check_resets_done(&resets)?;
         let restart = RestartPoint::read_after_resets(&checkpoint, &resets).await?;
+        let logged_conf = restart.as_ref().map(RestartPoint::logged);
+        let Planned {
+            plan,
+            stateful,
+            tables,
+            schema,
+            sink_record,
+            ..
+        } = match planned.as_logged(&self.plan, self.output_mode, logged_conf) {
+            Ok(p) => p,
+            Err(e) => {
+                checkpoint.delete_if_temporary();
+                return Err(e);
+            }
+        };
         let removed_sources = match check_restart_sources(
             &checkpoint,
             restart.as_ref(),
@@ -845,6 +859,10 @@ impl DataStreamWriter {
             SOURCE_EVOLUTION.to_string(),
             self.source_evolution.to_string(),
         );
+        // Behaviours a checkpoint was created with (or without) stay.
+        for key in [WINDOW_ALIAS_GROUPING, EVERY_BATCH_RECORDED] {
+            conf.insert(key.to_string(), created_with(logged_conf, key).to_string());
+        }
 
         let shared = Shared::new(checkpoint.id(), self.query_name.clone());
         let state_run = if stateful || stored_state.is_some() {
@@ -1026,6 +1044,48 @@ pub(crate) struct Planned {
     pub(crate) sink: Arc<dyn Sink>,
     /// What the checkpoint records of the sink.
     pub(crate) sink_record: crate::checkpoint::SinkRecord,
+}
+
+/// `plan` rewritten for streaming (each stateful operator recognised) and checked, with fresh
+/// streaming tables, and whether it has stateful operators. `window_aliases`: group by a
+/// `window()`'s alias as by the call.
+fn streaming_plan(
+    plan: &LogicalPlan,
+    output_mode: OutputMode,
+    window_aliases: bool,
+) -> Result<(LogicalPlan, bool)> {
+    let plan = weir_planner::dedupe::rewrite_distinct_on(plan.clone())?;
+    let plan = weir_planner::join::rewrite_stream_joins(plan)?;
+    let plan = if window_aliases {
+        weir_planner::window::inline_window_aliases(plan)?
+    } else {
+        plan
+    };
+    let plan = weir_planner::window::expand_sliding_windows(plan)?;
+    let plan = weir_planner::session_window::rewrite_session_windows(plan)?;
+    check_streaming_plan(&plan, output_mode)?;
+    let stateful = has_stateful_operator(&plan);
+    Ok((with_fresh_streaming_tables(plan)?, stateful))
+}
+
+impl Planned {
+    /// This plan of `query` as the checkpoint whose batches ran with `conf` planned it: a
+    /// checkpoint created before a `GROUP BY` of a `window()`'s alias grouped by the call keeps
+    /// grouping by the column, which its state's operators were checked against.
+    pub(crate) fn as_logged(
+        mut self,
+        query: &LogicalPlan,
+        output_mode: OutputMode,
+        conf: Option<&BTreeMap<String, String>>,
+    ) -> Result<Self> {
+        if !created_with(conf, WINDOW_ALIAS_GROUPING) {
+            let (plan, stateful) = streaming_plan(query, output_mode, false)?;
+            self.tables = streaming_tables(&plan);
+            self.plan = plan;
+            self.stateful = stateful;
+        }
+        Ok(self)
+    }
 }
 
 /// Makes a memory sink's table, or a named file sink's output, queryable in the session under

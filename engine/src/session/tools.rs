@@ -36,6 +36,11 @@ impl DataStreamWriter {
         let checkpoint = Checkpoint::open_read_only(location).await?;
         let resets = checkpoint.resets().await?;
         let restart = RestartPoint::read_after_resets(&checkpoint, &resets).await?;
+        let planned = planned.as_logged(
+            &self.plan,
+            self.output_mode,
+            restart.as_ref().map(RestartPoint::logged),
+        )?;
         let mut problems = vec![];
         if let Err(e) = check_restart_sources(
             &checkpoint,
@@ -259,6 +264,11 @@ impl DataStreamWriter {
                 ));
             }
             let restart = RestartPoint::read_after_resets(&checkpoint, &resets).await?;
+            let planned = planned.as_logged(
+                &self.plan,
+                self.output_mode,
+                restart.as_ref().map(RestartPoint::logged),
+            )?;
             let (restart, source_resets) = self
                 .reset_sources(
                     &planned,

@@ -8,7 +8,8 @@
 //! open:      load the table; create it from the query's schema if the folder has none;
 //!            refuse a table whose columns or partitioning differ (before any batch runs)
 //! add_batch: refresh the snapshot; txn version of this query >= batch id -> skip;
-//!            else write parquet files + commit {add..., txn, commitInfo} (create-only)
+//!            else write parquet files + commit {add..., txn, commitInfo} (create-only);
+//!            an empty append-mode batch commits {txn, commitInfo} alone, as Spark's
 //! ```
 
 use std::any::Any;
@@ -20,9 +21,9 @@ use arrow::record_batch::RecordBatch;
 use async_trait::async_trait;
 use deltalake::DeltaTable;
 use deltalake::kernel::engine::arrow_conversion::TryIntoKernel;
-use deltalake::kernel::transaction::CommitProperties;
+use deltalake::kernel::transaction::{CommitBuilder, CommitProperties};
 use deltalake::kernel::{StructType, Transaction};
-use deltalake::protocol::SaveMode;
+use deltalake::protocol::{DeltaOperation, SaveMode};
 use tokio::sync::Mutex;
 use url::Url;
 use weir_common::delta::{self, table_url};
@@ -353,7 +354,8 @@ impl Sink for DeltaSink {
             )
             .into());
         }
-        if self.mode == OutputMode::Complete
+        // Every batch commits, but an older weir's append-mode empty batches did not.
+        if (self.mode == OutputMode::Complete || batches.every_batch_recorded)
             && let Some(last) = batches.last_committed
             && version.is_none_or(|v| v < last)
         {
@@ -364,13 +366,13 @@ impl Sink for DeltaSink {
                 "55000",
                 format!(
                     "The Delta table at {} has no commit of batch {last} of query {} (its newest \
-                     is {}), although the checkpoint committed that batch and every batch of a \
-                     complete-mode query commits. The newest log file \
-                     '_delta_log/{newest:020}.json' was cut or '_delta_log/{:020}.json' lost, the \
-                     table was replaced, the checkpoint's query ID is not the one that wrote it, \
-                     or the query ran in append mode (where an empty batch commits nothing) \
-                     before it was changed to complete. Restore the table or the checkpoint; \
-                     `weir checkpoint reset DIR --full` starts over, emptying the whole table.",
+                     is {}), although the checkpoint committed that batch and every batch \
+                     commits. The newest log file '_delta_log/{newest:020}.json' was cut or \
+                     '_delta_log/{:020}.json' lost, the table was replaced, the checkpoint's \
+                     query ID is not the one that wrote it, or the query ran in append mode with \
+                     a weir whose empty batches committed nothing before it was changed to \
+                     complete. Restore the table or the checkpoint; `weir checkpoint reset DIR \
+                     --full` starts over, emptying the whole table.",
                     self.url,
                     batches.query_id,
                     version.map_or("none".to_string(), |v| format!("batch {v}")),
@@ -429,13 +431,6 @@ impl Sink for DeltaSink {
             OutputMode::Complete => SaveMode::Overwrite,
             _ => SaveMode::Append,
         };
-        if rows.is_empty() {
-            if save_mode == SaveMode::Append {
-                return Ok(());
-            }
-            // Complete mode with an empty result: the table becomes empty.
-            rows.push(RecordBatch::new_empty(schema));
-        }
         let mut props = CommitProperties::default()
             .with_application_transaction(Transaction::new(app_id.as_str(), batch_id as i64));
         if let Some(m) = &self.options.user_metadata {
@@ -443,6 +438,35 @@ impl Sink for DeltaSink {
                 "userMetadata".to_string(),
                 serde_json::Value::from(m.clone()),
             )]);
+        }
+        if rows.is_empty() {
+            if save_mode == SaveMode::Append {
+                // As Spark's Delta sink, an empty batch still commits its `txn`: the table's
+                // record of the query's batches then ends at the checkpoint's last commit, in
+                // either mode (a restart checks it, and may switch to complete mode).
+                let snapshot = table
+                    .snapshot()
+                    .map_err(|e| delta::error(e, &doing("read the table before")))?;
+                CommitBuilder::from(props)
+                    .build(
+                        Some(snapshot),
+                        table.log_store(),
+                        DeltaOperation::StreamingUpdate {
+                            output_mode: deltalake::protocol::OutputMode::Append,
+                            query_id: app_id.clone(),
+                            epoch_id: batch_id as i64,
+                        },
+                    )
+                    .await
+                    .map_err(|e| delta::error(e, &doing("commit the empty")))?;
+                table
+                    .update_state()
+                    .await
+                    .map_err(|e| delta::error(e, &doing("refresh the table after")))?;
+                return Ok(());
+            }
+            // Complete mode with an empty result: the table becomes empty.
+            rows.push(RecordBatch::new_empty(schema));
         }
         let mut write = table
             .clone()
