@@ -733,6 +733,63 @@ fn a_window_grouped_by_its_alias_in_an_outer_query_equals_grouping_by_the_call()
     }
 }
 
+/// A checkpoint an earlier weir wrote for a query grouping by a window's alias (in update mode,
+/// then grouped as by a plain column: no event time in its state keys) goes on as that weir
+/// would have, rather than being refused for a changed state key; new checkpoints group by the
+/// call. The offsets log's conf says which.
+#[test]
+fn a_checkpoint_of_an_earlier_weir_grouping_by_a_window_alias_goes_on_as_it_was_planned() {
+    let sql = "CREATE STREAMING TABLE c USING console OPTIONS (outputMode 'update') AS SELECT w, \
+               count(*) AS n FROM (SELECT window(timestamp, '10 seconds') AS w FROM STREAM \
+               rate_micro_batch(rowsPerBatch => 4, advanceMillisPerBatch => 4000) WATERMARK \
+               timestamp DELAY OF INTERVAL 5 SECONDS) GROUP BY w";
+    let dir = tempfile::tempdir().unwrap();
+    let fixture = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/window-alias-update-7161e53");
+    let (old, new) = (dir.path().join("old"), dir.path().join("new"));
+    support::copy_dir(&fixture, &old);
+    // Each batch's updated count, as printed.
+    let counts = |ck: &std::path::Path, batches: &str| -> Vec<String> {
+        let (ok, stdout, stderr) = weir(&[
+            "run",
+            "--checkpoint",
+            ck.to_str().unwrap(),
+            "-e",
+            sql,
+            "--max-batches",
+            batches,
+        ]);
+        assert!(ok, "{stderr}");
+        stdout
+            .lines()
+            .filter(|l| l.starts_with("|{start"))
+            .map(|l| {
+                l.trim_end_matches('|')
+                    .rsplit('|')
+                    .next()
+                    .unwrap()
+                    .trim()
+                    .to_string()
+            })
+            .collect()
+    };
+    // Batches 3..5, as the weir that wrote the fixture printed them.
+    assert_eq!(counts(&old, "3"), ["4", "8", "4"]);
+    let conf = |ck: &std::path::Path| {
+        let (ok, stdout, stderr) = weir(&["checkpoint", "inspect", ck.to_str().unwrap()]);
+        assert!(ok, "{stderr}");
+        stdout
+    };
+    assert!(
+        conf(&old).contains("weir.sql.streaming.groupByWindowAlias = false"),
+        "{}",
+        conf(&old)
+    );
+    // A new checkpoint of the same query groups by the call, with the same answer.
+    assert_eq!(counts(&new, "6"), ["4", "8", "12", "4", "8", "4"]);
+    assert!(conf(&new).contains("weir.sql.streaming.groupByWindowAlias = true"));
+}
+
 /// `SELECT DISTINCT ON (keys) WITHIN WATERMARK` is Spark's `dropDuplicatesWithinWatermark`;
 /// and, with the batch-0 watermark of 0, rows at event time 0 are late for deduplication, a
 /// join and an aggregation by the raw event time (Spark's `eventTime <= watermark`), while a

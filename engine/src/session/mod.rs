@@ -32,8 +32,8 @@ mod tools;
 pub use replay::{ReplayReport, ReplayedSource};
 
 use checks::{
-    check_restart_sources, check_sink, check_sink_batches, check_state, check_state_durable,
-    partitions_for,
+    check_restart_sources, check_sink, check_sink_batches, check_sink_query_id, check_state,
+    check_state_durable, partitions_for,
 };
 
 use crate::execution::{Execution, NO_DATA_PROGRESS_INTERVAL, RestartPoint};
@@ -784,7 +784,7 @@ impl DataStreamWriter {
             schema,
             sink_record,
             ..
-        } = match planned.as_logged(&self.plan, self.output_mode, logged_conf) {
+        } = match planned.for_checkpoint(&self.plan, self.output_mode, logged_conf) {
             Ok(p) => p,
             Err(e) => {
                 checkpoint.delete_if_temporary();
@@ -809,16 +809,20 @@ impl DataStreamWriter {
         // The sink's record of its batches first: a lost entry or a replaced checkpoint is
         // refused before anything is written.
         let sink_checked = match checkpoint.read_sink().await {
-            Ok(was) => {
-                check_sink_batches(
-                    &checkpoint,
-                    sink.as_ref(),
-                    &sink_record,
-                    was.as_ref(),
-                    restart.as_ref(),
-                )
-                .await
-            }
+            // The query ID first: the sink's records are of the ID they were written with.
+            Ok(was) => match check_sink_query_id(&checkpoint, was.as_ref()) {
+                Ok(()) => {
+                    check_sink_batches(
+                        &checkpoint,
+                        sink.as_ref(),
+                        &sink_record,
+                        was.as_ref(),
+                        restart.as_ref(),
+                    )
+                    .await
+                }
+                Err(e) => Err(e),
+            },
             Err(e) => Err(e),
         };
         if let Err(e) = sink_checked {
@@ -1072,7 +1076,7 @@ impl Planned {
     /// This plan of `query` as the checkpoint whose batches ran with `conf` planned it: a
     /// checkpoint created before a `GROUP BY` of a `window()`'s alias grouped by the call keeps
     /// grouping by the column, which its state's operators were checked against.
-    pub(crate) fn as_logged(
+    pub(crate) fn for_checkpoint(
         mut self,
         query: &LogicalPlan,
         output_mode: OutputMode,

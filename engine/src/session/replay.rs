@@ -145,7 +145,7 @@ impl DataStreamWriter {
         }
         let entry = checkpoint.read_offsets(batch).await?;
         let planned =
-            planned.as_logged(&self.plan, self.output_mode, Some(&entry.metadata.conf))?;
+            planned.for_checkpoint(&self.plan, self.output_mode, Some(&entry.metadata.conf))?;
         let committed = checkpoint.commit_ids().await?.contains(&batch);
         let evolution = entry
             .metadata

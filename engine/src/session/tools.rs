@@ -36,7 +36,7 @@ impl DataStreamWriter {
         let checkpoint = Checkpoint::open_read_only(location).await?;
         let resets = checkpoint.resets().await?;
         let restart = RestartPoint::read_after_resets(&checkpoint, &resets).await?;
-        let planned = planned.as_logged(
+        let planned = planned.for_checkpoint(
             &self.plan,
             self.output_mode,
             restart.as_ref().map(RestartPoint::logged),
@@ -264,7 +264,7 @@ impl DataStreamWriter {
                 ));
             }
             let restart = RestartPoint::read_after_resets(&checkpoint, &resets).await?;
-            let planned = planned.as_logged(
+            let planned = planned.for_checkpoint(
                 &self.plan,
                 self.output_mode,
                 restart.as_ref().map(RestartPoint::logged),
