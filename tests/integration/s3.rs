@@ -2,11 +2,6 @@
 //! which `scripts/test-servers` installs (and `scripts/test` runs) and names in `WEIR_WEED`.
 //! Without it the tests fail, unless `WEIR_SKIP_SERVER_TESTS=1` asks to skip them, loudly.
 
-#![expect(
-    clippy::unwrap_used,
-    reason = "a test fails loudly on any unexpected error"
-)]
-
 use std::net::{TcpListener, TcpStream};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -15,7 +10,7 @@ use bytes::Bytes;
 use weir_common::Location;
 use weir_common::location::Created;
 
-mod support;
+use crate::support;
 
 /// A SeaweedFS server with an S3 endpoint and a bucket `weir`, stopped when dropped.
 struct S3Server {

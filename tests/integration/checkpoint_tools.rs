@@ -1,13 +1,8 @@
 //! `weir checkpoint` tools against real checkpoints written by `weir run`.
 
-#![expect(
-    clippy::unwrap_used,
-    reason = "a test fails loudly on any unexpected error"
-)]
-
 use std::process::{Command, Output};
 
-mod support;
+use crate::support;
 use support::{kill_at, run_and_kill_at};
 
 fn weir(args: &[&str]) -> Output {

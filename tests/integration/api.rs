@@ -1,11 +1,6 @@
 //! The Rust embedding API end to end: memory stream in, DataFrame transformations, every
 //! sink kind out, restart from a checkpoint, listeners and the query handle.
 
-#![expect(
-    clippy::unwrap_used,
-    reason = "a test fails loudly on any unexpected error"
-)]
-
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 

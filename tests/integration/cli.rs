@@ -1,13 +1,8 @@
 //! The `weir` command line, run as a real process.
 
-#![expect(
-    clippy::unwrap_used,
-    reason = "a test fails loudly on any unexpected error"
-)]
-
 use std::process::Command;
 
-mod support;
+use crate::support;
 
 fn weir(args: &[&str]) -> (bool, String, String) {
     let out = Command::new(env!("CARGO_BIN_EXE_weir"))

@@ -1,12 +1,6 @@
 //! The Kafka source and sink against a real Kafka-protocol broker (Tansu, started here on a
 //! free loopback port with in-memory storage, one per test).
 
-#![cfg(feature = "kafka")]
-#![expect(
-    clippy::unwrap_used,
-    reason = "a test fails loudly on any unexpected error"
-)]
-
 use std::net::{TcpListener, TcpStream};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -18,7 +12,7 @@ use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use weir::{DataFrameStreamExt, WeirSession};
 
-mod support;
+use crate::support;
 use support::{run_and_kill_at, text_rows as rows};
 
 struct Broker {

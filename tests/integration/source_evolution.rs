@@ -2,14 +2,9 @@
 //! removed from one checkpoint, each read exactly once; a removed name cannot come back; the
 //! setting cannot change on a checkpoint.
 
-#![expect(
-    clippy::unwrap_used,
-    reason = "a test fails loudly on any unexpected error"
-)]
-
 use std::process::Command;
 
-mod support;
+use crate::support;
 
 const EVOLUTION: &str = "queryEvolution.enableSourceEvolution";
 

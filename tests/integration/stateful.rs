@@ -2,11 +2,6 @@
 //! on the RocksDB and in-memory state stores, across restarts, with the restart checks of the
 //! operators' state (reference §1b).
 
-#![expect(
-    clippy::unwrap_used,
-    reason = "a test fails loudly on any unexpected error"
-)]
-
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 

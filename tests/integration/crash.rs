@@ -2,17 +2,12 @@
 //! killed with SIGKILL at 24 points spread over every stage of the micro-batch loop, restarted
 //! each time; the sink must end up holding every value exactly once.
 
-#![expect(
-    clippy::unwrap_used,
-    reason = "a test fails loudly on any unexpected error"
-)]
-
 use std::process::Command;
 
 use weir::datafusion::arrow::array::{Array, Int64Array};
 use weir::{StatementResult, WeirSession};
 
-mod support;
+use crate::support;
 use support::run_and_kill_at;
 
 const ROWS_PER_BATCH: i64 = 50;

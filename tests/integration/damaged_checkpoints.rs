@@ -3,15 +3,10 @@
 //! or (where the damage is recoverable) continues to the right answer. Never a panic, never a
 //! silent fresh start.
 
-#![expect(
-    clippy::unwrap_used,
-    reason = "a test fails loudly on any unexpected error"
-)]
-
 use std::path::Path;
 use std::process::Command;
 
-mod support;
+use crate::support;
 use support::{contents, copy_dir};
 
 #[derive(Debug, Clone, Copy, PartialEq)]

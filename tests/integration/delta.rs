@@ -2,11 +2,6 @@
 //! query's `txn`, a streaming table feeding the next, complete mode, the source's starting
 //! positions and rate limits, change commits, and a file → Delta query killed at every stage.
 
-#![expect(
-    clippy::unwrap_used,
-    reason = "a test fails loudly on any unexpected error"
-)]
-
 use std::process::Command;
 use std::sync::Arc;
 
@@ -16,7 +11,7 @@ use weir::datafusion::arrow::record_batch::RecordBatch;
 use weir::datafusion::prelude::col;
 use weir::{DataFrameStreamExt, MemoryStream, StatementResult, StreamingQuery, WeirSession};
 
-mod support;
+use crate::support;
 use support::{run_and_kill_at, text_rows as rows};
 
 fn schema() -> SchemaRef {

@@ -1,4 +1,4 @@
-//! Helpers shared by the integration tests (each test file includes this module).
+//! Helpers shared by the integration tests' modules.
 
 #![allow(
     dead_code,

@@ -1,18 +1,13 @@
 //! The file source end to end: files that arrive while a query runs, from SQL and from Rust,
 //! into stateless and stateful queries, and a restart that reads only the new files.
 
-#![expect(
-    clippy::unwrap_used,
-    reason = "a test fails loudly on any unexpected error"
-)]
-
 use std::path::Path;
 
 use weir::datafusion::arrow::datatypes::{DataType, Field, Schema, TimeUnit};
 use weir::datafusion::prelude::col;
 use weir::{DataFrameStreamExt, StatementResult, StreamingQuery, WeirSession};
 
-mod support;
+use crate::support;
 use support::text_rows as rows;
 
 /// Writes `name` whole: under a hidden name first, then renamed, as an uploader does.
