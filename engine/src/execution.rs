@@ -736,29 +736,13 @@ impl Execution {
             state_operators,
             event_times,
         } = executed;
-        // The next batch's watermark: per watermark operator the largest event time seen minus
-        // its delay; the query's is the minimum over operators that have seen data (Spark's
-        // default policy; the maximum with multipleWatermarkPolicy max). It never moves back.
         let batch_watermark_ms = entry.metadata.batch_watermark_ms;
-        for (id, s) in &event_times {
-            let e = lp
-                .event_time_max
-                .entry(*id)
-                .or_insert((s.max_us, s.delay_ms));
-            e.0 = e.0.max(s.max_us);
-        }
-        let candidates = lp
-            .event_time_max
-            .values()
-            .map(|(max_us, delay)| max_us.div_euclid(1000) - delay);
-        let combined = if self.max_watermark {
-            candidates.max()
-        } else {
-            candidates.min()
-        };
-        if let Some(wm) = combined {
-            lp.watermark_ms = lp.watermark_ms.max(wm);
-        }
+        crate::stateful::record_event_times(&mut lp.event_time_max, &event_times);
+        lp.watermark_ms = crate::stateful::next_watermark_ms(
+            lp.watermark_ms,
+            &lp.event_time_max,
+            self.max_watermark,
+        );
         lp.last_batch_watermark_ms = batch_watermark_ms;
         let event_time = self.has_watermarks.then(|| {
             let mut m = BTreeMap::new();

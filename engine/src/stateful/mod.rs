@@ -38,7 +38,9 @@ pub(crate) const EVENT_TIME_KEY: &str = "__event_time_us";
 pub(crate) use join::stored as join_state;
 pub(crate) use session::decode_sessions;
 use watermark::WatermarkExec;
-pub(crate) use watermark::{EventTimeStats, WeirQueryPlanner};
+pub(crate) use watermark::{
+    EventTimeStats, WeirQueryPlanner, next_watermark_ms, record_event_times,
+};
 
 use crate::progress::StateOperatorProgress;
 use crate::{Error, Result as EngineResult};

@@ -2,6 +2,7 @@
 //! and records the event times it saw, from which the engine computes the next batch's
 //! watermark; [`WeirQueryPlanner`] plans the planner's `WatermarkNode` as one.
 
+use std::collections::BTreeMap;
 use std::fmt;
 use std::sync::Arc;
 
@@ -44,6 +45,38 @@ impl EventTimeStats {
         self.sum_us += o.sum_us;
         self.count += o.count;
     }
+}
+
+/// Adds one batch's event times (per watermark operator) to `seen`: per operator, the largest
+/// event time seen so far (µs) and its delay (ms).
+pub(crate) fn record_event_times(
+    seen: &mut BTreeMap<usize, (i64, i64)>,
+    batch: &BTreeMap<usize, EventTimeStats>,
+) {
+    for (id, s) in batch {
+        let e = seen.entry(*id).or_insert((s.max_us, s.delay_ms));
+        e.0 = e.0.max(s.max_us);
+    }
+}
+
+/// The watermark for the next batch, Spark's rule: per watermark operator, the largest event
+/// time it has seen (`seen`, from [`record_event_times`]) minus its delay; the query's is the
+/// minimum over the operators that have seen data (`max_policy`: the maximum, Spark's
+/// `multipleWatermarkPolicy max`); and it never moves back from `current_ms`.
+pub(crate) fn next_watermark_ms(
+    current_ms: i64,
+    seen: &BTreeMap<usize, (i64, i64)>,
+    max_policy: bool,
+) -> i64 {
+    let candidates = seen
+        .values()
+        .map(|(max_us, delay_ms)| max_us.div_euclid(1000).saturating_sub(*delay_ms));
+    let combined = if max_policy {
+        candidates.max()
+    } else {
+        candidates.min()
+    };
+    combined.map_or(current_ms, |wm| current_ms.max(wm))
 }
 
 /// The event times of `column` as microseconds, nulls left null.
@@ -279,5 +312,52 @@ impl QueryPlanner for WeirQueryPlanner {
         DefaultPhysicalPlanner::with_extension_planners(vec![Arc::new(WatermarkPlanner)])
             .create_physical_plan(logical_plan, session)
             .await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn stats(max_us: i64, delay_ms: i64) -> EventTimeStats {
+        EventTimeStats {
+            min_us: max_us,
+            max_us,
+            sum_us: i128::from(max_us),
+            count: 1,
+            delay_ms,
+        }
+    }
+
+    #[test]
+    fn the_watermark_is_the_slowest_operators_max_minus_its_delay_and_never_moves_back() {
+        let mut seen = BTreeMap::new();
+        // Operator 0: 10 s with a 2 s delay; operator 1: 7 s with a 1 s delay.
+        record_event_times(
+            &mut seen,
+            &BTreeMap::from([(0, stats(10_000_000, 2_000)), (1, stats(7_000_000, 1_000))]),
+        );
+        assert_eq!(next_watermark_ms(0, &seen, false), 6_000);
+        assert_eq!(next_watermark_ms(0, &seen, true), 8_000);
+        // An older batch for operator 0 keeps its maximum; operator 1 moves on.
+        record_event_times(
+            &mut seen,
+            &BTreeMap::from([(0, stats(1_000_000, 2_000)), (1, stats(20_000_000, 1_000))]),
+        );
+        assert_eq!(next_watermark_ms(6_000, &seen, false), 8_000);
+        assert_eq!(next_watermark_ms(6_000, &seen, true), 19_000);
+        // It never moves back, and without data it stays.
+        assert_eq!(next_watermark_ms(30_000, &seen, false), 30_000);
+        assert_eq!(next_watermark_ms(5, &BTreeMap::new(), false), 5);
+    }
+
+    #[test]
+    fn event_times_before_1970_round_down_and_extreme_ones_do_not_overflow() {
+        let mut seen = BTreeMap::new();
+        record_event_times(&mut seen, &BTreeMap::from([(0, stats(-1_500, 0))]));
+        assert_eq!(next_watermark_ms(i64::MIN, &seen, false), -2);
+        let mut seen = BTreeMap::new();
+        record_event_times(&mut seen, &BTreeMap::from([(0, stats(i64::MIN, i64::MAX))]));
+        assert_eq!(next_watermark_ms(i64::MIN, &seen, false), i64::MIN);
     }
 }
