@@ -2,7 +2,6 @@
 //! `Batch: N` header. Options `numRows` (default 20) and `truncate` (default true: cells cut
 //! to 20 characters and right-aligned).
 
-use std::any::Any;
 use std::fmt::Write as _;
 use std::io::Write;
 use std::sync::{Arc, Mutex};
@@ -79,10 +78,6 @@ impl Sink for ConsoleSink {
         // A closed stdout (e.g. `weir run | head`) must not fail the query.
         let _ = out.write_all(text.as_bytes()).and_then(|()| out.flush());
         Ok(())
-    }
-
-    fn as_any(&self) -> &dyn Any {
-        self
     }
 }
 

@@ -5,7 +5,6 @@
 //! so output is exactly-once. Part files of an attempt that crashed before its entry was
 //! written are never listed, hence never read.
 
-use std::any::Any;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
@@ -199,6 +198,14 @@ impl Sink for FileSink {
             self.format.name(),
             self.location.display()
         )
+    }
+
+    fn read_back(&self) -> Option<crate::ReadBack> {
+        Some(crate::ReadBack::Files(self.location.clone()))
+    }
+
+    fn output_can_outlive_a_refresh(&self) -> bool {
+        false
     }
 
     fn identity(&self) -> Option<String> {
@@ -396,10 +403,6 @@ impl Sink for FileSink {
             );
         }
         Ok(())
-    }
-
-    fn as_any(&self) -> &dyn Any {
-        self
     }
 }
 

@@ -1,7 +1,6 @@
 //! The foreach-batch sink: a Rust closure receives each micro-batch's ID and rows. As in Spark,
 //! exactly-once is the closure's job: a replayed batch ID is delivered again.
 
-use std::any::Any;
 use std::fmt;
 use std::sync::Arc;
 
@@ -57,9 +56,5 @@ impl Sink for ForeachBatchSink {
         (self.f)(batch_id, batches)
             .await
             .map_err(|message| Error::Foreach { batch_id, message })
-    }
-
-    fn as_any(&self) -> &dyn Any {
-        self
     }
 }

@@ -19,8 +19,8 @@ mod memory;
 mod noop;
 mod registry;
 
-use std::any::Any;
 use std::fmt::{self, Debug};
+use std::sync::Arc;
 
 use arrow::datatypes::SchemaRef;
 use arrow::record_batch::RecordBatch;
@@ -161,7 +161,40 @@ pub trait Sink: Debug + Send + Sync {
         batches: Vec<RecordBatch>,
     ) -> Result<()>;
 
-    /// For downcasting to a concrete sink (e.g. the memory sink, whose table the session
-    /// registers).
-    fn as_any(&self) -> &dyn Any;
+    /// How batch SQL reads back what the sink wrote, when it can: the session registers a table
+    /// for it (under the query's name, or the memory sink's own).
+    fn read_back(&self) -> Option<ReadBack> {
+        None
+    }
+
+    /// Whether a full refresh may keep the sink's output (`--keep-sink-data`): not when the
+    /// output records its batches by batch ID alone (a file sink's manifest), so that the
+    /// refreshed query's batches from 0 would be skipped as already written.
+    fn output_can_outlive_a_refresh(&self) -> bool {
+        true
+    }
+}
+
+/// What the engine needs to read a sink's output back with batch SQL ([`Sink::read_back`]).
+#[derive(Debug, Clone)]
+pub enum ReadBack {
+    /// The memory sink's rows, under its own name.
+    Memory {
+        /// The table name.
+        name: String,
+        /// The rows, shared with the sink.
+        data: Arc<memory::MemorySinkData>,
+    },
+    /// A file sink's folder, read through its manifest.
+    Files(weir_common::Location),
+    /// A Delta table, read at its latest version; `STREAM name` streams its commits.
+    #[cfg(feature = "delta")]
+    Delta {
+        /// The table's URL.
+        url: url::Url,
+        /// Its object store options.
+        storage: std::collections::HashMap<String, String>,
+        /// The Delta source's options for the same table.
+        source_options: weir_common::Options,
+    },
 }

@@ -1,7 +1,6 @@
 //! The `memory` sink: keeps the output in memory as a table named after the query, queryable
 //! with SQL in the same session while the query runs. Idempotent by batch ID.
 
-use std::any::Any;
 use std::sync::{Arc, RwLock};
 
 use arrow::datatypes::SchemaRef;
@@ -81,6 +80,13 @@ impl Sink for MemorySink {
         "MemorySink".to_string()
     }
 
+    fn read_back(&self) -> Option<crate::ReadBack> {
+        Some(crate::ReadBack::Memory {
+            name: self.name.clone(),
+            data: self.data(),
+        })
+    }
+
     fn is_idempotent(&self) -> bool {
         true
     }
@@ -102,10 +108,6 @@ impl Sink for MemorySink {
         }
         all.push((batch_id, batches));
         Ok(())
-    }
-
-    fn as_any(&self) -> &dyn Any {
-        self
     }
 }
 

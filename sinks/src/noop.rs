@@ -1,7 +1,5 @@
 //! The `noop` sink: consumes every batch and writes nothing (benchmarks).
 
-use std::any::Any;
-
 use arrow::datatypes::SchemaRef;
 use arrow::record_batch::RecordBatch;
 use async_trait::async_trait;
@@ -29,9 +27,5 @@ impl Sink for NoopSink {
         _batches: Vec<RecordBatch>,
     ) -> Result<()> {
         Ok(())
-    }
-
-    fn as_any(&self) -> &dyn Any {
-        self
     }
 }

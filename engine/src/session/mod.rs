@@ -20,8 +20,7 @@ use weir_planner::{
     has_stateful_operator, is_streaming, streaming_tables, with_fresh_streaming_tables,
 };
 use weir_sinks::{
-    FileSink, ForeachBatchFn, ForeachBatchSink, MemorySink, OutputMode, Sink, SinkRegistry,
-    SinkSpec,
+    ForeachBatchFn, ForeachBatchSink, OutputMode, ReadBack, Sink, SinkRegistry, SinkSpec,
 };
 use weir_sources::{MemoryStream, MemoryStreamProvider, SourceRegistry};
 
@@ -1101,33 +1100,34 @@ fn register_sink_table(
     schema: &SchemaRef,
 ) -> Result<()> {
     let ctx = &inner.ctx;
-    if let Some(mem) = sink.as_any().downcast_ref::<MemorySink>() {
-        let table = MemorySinkTable::new(mem.data());
-        let _ = ctx.deregister_table(mem.name());
-        ctx.register_table(mem.name(), Arc::new(table))?;
+    match (sink.read_back(), query_name) {
+        (Some(ReadBack::Memory { name, data }), _) => {
+            let _ = ctx.deregister_table(name.as_str());
+            ctx.register_table(name.as_str(), Arc::new(MemorySinkTable::new(data)))?;
+        }
+        (Some(ReadBack::Files(location)), Some(name)) => {
+            let table = FileSinkTable::new(location, Arc::clone(schema));
+            let _ = ctx.deregister_table(name);
+            ctx.register_table(name, Arc::new(table))?;
+        }
+        // A Delta streaming table: its name reads the table in batch SQL, and `STREAM name`
+        // streams its commits (one streaming table feeding the next).
+        #[cfg(feature = "delta")]
+        (
+            Some(ReadBack::Delta {
+                url,
+                storage,
+                source_options,
+            }),
+            Some(name),
+        ) => {
+            let table = crate::delta_table::DeltaLatestTable::new(url, storage, Arc::clone(schema));
+            let _ = ctx.deregister_table(name);
+            ctx.register_table(name, Arc::new(table))?;
+            let source = inner.catalog.create_source("delta", &source_options)?;
+            inner.catalog.register_stream(name, source);
+        }
+        _ => {}
     }
-    if let (Some(file), Some(name)) = (sink.as_any().downcast_ref::<FileSink>(), query_name) {
-        let table = FileSinkTable::new(file.location().clone(), Arc::clone(schema));
-        let _ = ctx.deregister_table(name);
-        ctx.register_table(name, Arc::new(table))?;
-    }
-    // A Delta streaming table: its name reads the table in batch SQL, and `STREAM name` streams
-    // its commits (one streaming table feeding the next).
-    #[cfg(feature = "delta")]
-    if let (Some(d), Some(name)) = (
-        sink.as_any().downcast_ref::<weir_sinks::delta::DeltaSink>(),
-        query_name,
-    ) {
-        let table = crate::delta_table::DeltaLatestTable::new(
-            d.url().clone(),
-            d.storage_options().clone(),
-            Arc::clone(schema),
-        );
-        let _ = ctx.deregister_table(name);
-        ctx.register_table(name, Arc::new(table))?;
-        let source = inner.catalog.create_source("delta", &d.source_options())?;
-        inner.catalog.register_stream(name, source);
-    }
-
     Ok(())
 }

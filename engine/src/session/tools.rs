@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use weir_common::{Location, Options};
-use weir_sinks::{FileSink, OutputMode, SinkSpec};
+use weir_sinks::{OutputMode, SinkSpec};
 
 use super::checks::{
     check_operators, check_restart_sources, check_sink_batches, check_sink_change,
@@ -551,7 +551,7 @@ impl WeirSession {
                     })?
                 };
                 if keep_sink_data {
-                    if sink.as_any().downcast_ref::<FileSink>().is_some() {
+                    if !sink.output_can_outlive_a_refresh() {
                         return Err(Error::user(
                             "FULL_REFRESH_SINK_NOT_CLEARABLE",
                             "0A000",

@@ -12,7 +12,6 @@
 //!            an empty append-mode batch commits {txn, commitInfo} alone, as Spark's
 //! ```
 
-use std::any::Any;
 use std::collections::HashMap;
 use std::sync::Arc;
 
@@ -276,6 +275,14 @@ impl Sink for DeltaSink {
         format!("DeltaSink[{}]", self.url)
     }
 
+    fn read_back(&self) -> Option<crate::ReadBack> {
+        Some(crate::ReadBack::Delta {
+            url: self.url.clone(),
+            storage: self.options.storage.clone(),
+            source_options: self.source_options(),
+        })
+    }
+
     fn identity(&self) -> Option<String> {
         Some(self.url.to_string())
     }
@@ -481,9 +488,5 @@ impl Sink for DeltaSink {
         }
         *table = write.await.map_err(|e| delta::error(e, &doing("write")))?;
         Ok(())
-    }
-
-    fn as_any(&self) -> &dyn Any {
-        self
     }
 }

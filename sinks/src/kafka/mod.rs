@@ -17,7 +17,6 @@
 //!            exactly-once: begin, records + marker, commit (abort on any error)
 //! ```
 
-use std::any::Any;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -674,10 +673,6 @@ impl Sink for KafkaSink {
                 Err(e)
             }
         }
-    }
-
-    fn as_any(&self) -> &dyn Any {
-        self
     }
 }
 
