@@ -21,6 +21,7 @@ pub mod log;
 pub mod recovery;
 pub mod repartition;
 pub mod reset;
+mod restart;
 pub(crate) mod state_mirror;
 
 use bytes::Bytes;
@@ -32,6 +33,7 @@ use weir_common::location::Created;
 
 pub use log::{BatchMetadata, CommitEntry, OffsetEntry, SourceRange};
 pub use recovery::{Resume, purge_below, resume_point};
+pub(crate) use restart::RestartPoint;
 
 use crate::stateful::StateMetadata;
 use crate::{Error, Result};

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use datafusion::logical_expr::LogicalPlan;
 use weir_planner::StreamingTable;
 
-use crate::execution::RestartPoint;
+use crate::checkpoint::RestartPoint;
 use crate::source_evolution::{QuerySource, SOURCE_EVOLUTION};
 use crate::stateful::{
     BatchState, BatchWatermark, OperatorInfo, StateBackend, StateMetadata, StateRun, plan_stateful,

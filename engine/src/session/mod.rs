@@ -35,7 +35,8 @@ use checks::{
     check_state_durable, partitions_for,
 };
 
-use crate::execution::{Execution, NO_DATA_PROGRESS_INTERVAL, RestartPoint};
+use crate::checkpoint::RestartPoint;
+use crate::execution::{Execution, NO_DATA_PROGRESS_INTERVAL};
 use crate::source_evolution::{QuerySource, SOURCE_EVOLUTION};
 use crate::stateful::{StateBackend, StateMetadata, StateRun, WeirQueryPlanner};
 

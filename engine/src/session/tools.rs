@@ -12,7 +12,7 @@ use super::checks::{
     check_sink_query_id, check_state_durable, next_batch, partitions_for, planned_operators,
 };
 use super::{DataStreamWriter, Planned, SHUFFLE_PARTITIONS, STATE_STORE, WATERMARK_POLICY};
-use crate::execution::RestartPoint;
+use crate::checkpoint::RestartPoint;
 use crate::stateful::{OperatorInfo, StateBackend, StateMetadata, StateRun};
 use crate::{Checkpoint, Error, Result, WeirSession};
 
