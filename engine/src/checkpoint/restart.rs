@@ -48,10 +48,7 @@ impl RestartPoint {
 
     /// The conf the checkpoint's last logged batch ran with.
     pub(crate) fn logged(&self) -> &BTreeMap<String, String> {
-        let entry = match self {
-            Self::After { entry, .. } | Self::Replay { entry, .. } => entry,
-        };
-        &entry.metadata.conf
+        &self.entry().1.metadata.conf
     }
 
     /// The newest batch the checkpoint planned (logged).

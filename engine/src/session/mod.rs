@@ -808,23 +808,20 @@ impl DataStreamWriter {
         let logged = restart.is_some();
         // The sink's record of its batches first: a lost entry or a replaced checkpoint is
         // refused before anything is written.
-        let sink_checked = match checkpoint.read_sink().await {
+        let sink_checked = async {
+            let was = checkpoint.read_sink().await?;
             // The query ID first: the sink's records are of the ID they were written with.
-            Ok(was) => match check_sink_query_id(&checkpoint, was.as_ref()) {
-                Ok(()) => {
-                    check_sink_batches(
-                        &checkpoint,
-                        sink.as_ref(),
-                        &sink_record,
-                        was.as_ref(),
-                        restart.as_ref(),
-                    )
-                    .await
-                }
-                Err(e) => Err(e),
-            },
-            Err(e) => Err(e),
-        };
+            check_sink_query_id(&checkpoint, was.as_ref())?;
+            check_sink_batches(
+                &checkpoint,
+                sink.as_ref(),
+                &sink_record,
+                was.as_ref(),
+                restart.as_ref(),
+            )
+            .await
+        }
+        .await;
         if let Err(e) = sink_checked {
             checkpoint.delete_if_temporary();
             return Err(e);

@@ -119,11 +119,6 @@ impl DeltaSink {
         })
     }
 
-    /// The table's location.
-    pub fn url(&self) -> &Url {
-        &self.url
-    }
-
     /// The options a Delta source reading this table needs (`path` and the S3 client's).
     pub fn source_options(&self) -> Options {
         let mut o = Options::new().with("path", self.url.as_str());
@@ -131,11 +126,6 @@ impl DeltaSink {
             o.set(k.clone(), v.clone());
         }
         o
-    }
-
-    /// The S3 client options the table is opened with.
-    pub fn storage_options(&self) -> &HashMap<String, String> {
-        &self.options.storage
     }
 
     fn kernel_schema(&self) -> Result<StructType> {
@@ -451,9 +441,6 @@ impl Sink for DeltaSink {
                 // As Spark's Delta sink, an empty batch still commits its `txn`: the table's
                 // record of the query's batches then ends at the checkpoint's last commit, in
                 // either mode (a restart checks it, and may switch to complete mode).
-                let snapshot = table
-                    .snapshot()
-                    .map_err(|e| delta::error(e, &doing("read the table before")))?;
                 CommitBuilder::from(props)
                     .build(
                         Some(snapshot),
@@ -466,10 +453,6 @@ impl Sink for DeltaSink {
                     )
                     .await
                     .map_err(|e| delta::error(e, &doing("commit the empty")))?;
-                table
-                    .update_state()
-                    .await
-                    .map_err(|e| delta::error(e, &doing("refresh the table after")))?;
                 return Ok(());
             }
             // Complete mode with an empty result: the table becomes empty.
