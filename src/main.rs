@@ -357,7 +357,7 @@ async fn run(cli: Cli) -> anyhow::Result<std::process::ExitCode> {
         } => {
             let location =
                 weir::Location::parse_existing_with(&dir, std::iter::empty::<(&str, &str)>())?;
-            let report = weir::checkpoint::inspect::inspect(location).await?;
+            let report = weir::tools::inspect::inspect(location).await?;
             if json {
                 println!("{}", serde_json::to_string_pretty(&report)?);
             } else {
@@ -452,7 +452,7 @@ async fn run(cli: Cli) -> anyhow::Result<std::process::ExitCode> {
         } => {
             let location =
                 weir::Location::parse_existing_with(&dir, std::iter::empty::<(&str, &str)>())?;
-            let report = weir::checkpoint::repartition::repartition(location, partitions).await?;
+            let report = weir::tools::repartition::repartition(location, partitions).await?;
             if json {
                 println!("{}", serde_json::to_string_pretty(&report)?);
             } else {

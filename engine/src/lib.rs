@@ -7,41 +7,35 @@
 //! the execution loop runs one micro-batch at a time: source offsets → WAL → rows into the
 //! plan's streaming tables → DataFusion physical plan → sink → commit → progress event.
 
+mod api;
 pub mod checkpoint;
 #[cfg(feature = "delta")]
 pub mod delta_table;
 mod error;
 mod execution;
-mod listener;
-mod memory_table;
-mod progress;
-mod query;
-mod script;
-mod session;
-mod source_evolution;
-pub mod state_reader;
 mod stateful;
-mod trigger;
-pub mod validate;
+pub mod tools;
 
-pub use checkpoint::Checkpoint;
-pub use error::{Error, Result};
-pub use listener::{
-    QueryIdleEvent, QueryProgressEvent, QueryStartedEvent, QueryTerminatedEvent,
-    StreamingQueryListener,
-};
-pub use memory_table::MemorySinkTable;
-pub use progress::{
-    SinkProgress, SourceProgress, StateOperatorProgress, StreamingQueryProgress, format_timestamp,
-};
-pub use query::{QueryStatus, StreamingQuery, StreamingQueryException, StreamingQueryManager};
-pub use script::{ScriptOptions, StatementResult};
-pub use session::{
+pub use api::memory_table::MemorySinkTable;
+pub use api::script::{ScriptOptions, StatementResult};
+pub use api::{
     DataFrameStreamExt, DataStreamReader, DataStreamWriter, ReplayReport, ReplayedSource,
     WeirSession,
 };
+pub use checkpoint::Checkpoint;
+pub use error::{Error, Result};
+pub use execution::listener::{
+    QueryIdleEvent, QueryProgressEvent, QueryStartedEvent, QueryTerminatedEvent,
+    StreamingQueryListener,
+};
+pub use execution::progress::{
+    SinkProgress, SourceProgress, StateOperatorProgress, StreamingQueryProgress, format_timestamp,
+};
+pub use execution::query::{
+    QueryStatus, StreamingQuery, StreamingQueryException, StreamingQueryManager,
+};
+pub use execution::trigger::Trigger;
 pub use stateful::StateBackend;
-pub use trigger::Trigger;
-pub use validate::ValidationReport;
+pub use tools::validate::ValidationReport;
 pub use weir_sinks::OutputMode;
 pub use weir_state::RocksDbConfig;

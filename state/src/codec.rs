@@ -1,64 +1,9 @@
-//! Byte encodings of state keys and values (DESIGN.md §4): keys with arrow-row, so the byte
+//! Byte encodings of state keys and values (DESIGN.md §4): operators encode keys with arrow-row
+//! (`arrow::row`, straight into their batches' `Rows`, without a copy per row), so the byte
 //! order of encoded keys is the order of the key values and a state store's ordered scan is a
 //! scan in key order (event time first where an operator puts it first, so watermark eviction
-//! is a range scan); values with the same row format.
-
-use arrow::array::ArrayRef;
-use arrow::datatypes::SchemaRef;
-use arrow::row::{RowConverter, SortField};
-
-use crate::{Error, Result};
-
-/// Encodes rows of a fixed set of columns to bytes and back.
-#[derive(Debug)]
-pub struct RowCodec {
-    schema: SchemaRef,
-    converter: RowConverter,
-}
-
-fn codec_error(e: impl std::fmt::Display) -> Error {
-    Error::Backend {
-        store: "codec".into(),
-        message: e.to_string(),
-    }
-}
-
-impl RowCodec {
-    /// A codec for rows of `schema`'s columns, in that order.
-    pub fn try_new(schema: SchemaRef) -> Result<Self> {
-        let fields = schema
-            .fields()
-            .iter()
-            .map(|f| SortField::new(f.data_type().clone()))
-            .collect();
-        let converter = RowConverter::new(fields).map_err(codec_error)?;
-        Ok(Self { schema, converter })
-    }
-
-    /// The schema of the rows.
-    pub fn schema(&self) -> &SchemaRef {
-        &self.schema
-    }
-
-    /// One byte string per row of `columns` (which must match the schema).
-    pub fn encode(&self, columns: &[ArrayRef]) -> Result<Vec<Vec<u8>>> {
-        let rows = self
-            .converter
-            .convert_columns(columns)
-            .map_err(codec_error)?;
-        Ok(rows.iter().map(|r| r.as_ref().to_vec()).collect())
-    }
-
-    /// The columns of encoded rows, the inverse of [`RowCodec::encode`]. The bytes must come
-    /// from this codec's `encode`: state files are checksummed, so damaged bytes are refused
-    /// before they get here.
-    pub fn decode(&self, rows: &[&[u8]]) -> Result<Vec<ArrayRef>> {
-        let parser = self.converter.parser();
-        self.converter
-            .convert_rows(rows.iter().map(|r| parser.parse(r)))
-            .map_err(codec_error)
-    }
-}
+//! is a range scan: see [`crate::table`]); values with the same row format. Which partition a
+//! key lives in is [`key_partition`] of its encoding.
 
 /// The shuffle partition of an encoded state key, out of `partitions`.
 ///
@@ -76,8 +21,9 @@ pub fn key_partition(key: &[u8], partitions: usize) -> usize {
 mod tests {
     use std::sync::Arc;
 
-    use arrow::array::{Int64Array, StringArray, TimestampMicrosecondArray};
-    use arrow::datatypes::{DataType, Field, Schema, TimeUnit};
+    use arrow::array::{ArrayRef, Int64Array, StringArray, TimestampMicrosecondArray};
+    use arrow::datatypes::{DataType, TimeUnit};
+    use arrow::row::{RowConverter, SortField};
 
     use super::*;
 
@@ -97,16 +43,15 @@ mod tests {
 
     #[test]
     fn encoded_keys_sort_like_their_values_and_decode_back() {
-        let schema = Arc::new(Schema::new(vec![
-            Field::new(
-                "window_end",
-                DataType::Timestamp(TimeUnit::Microsecond, Some("UTC".into())),
-                true,
-            ),
-            Field::new("k", DataType::Int64, true),
-            Field::new("s", DataType::Utf8, true),
-        ]));
-        let codec = RowCodec::try_new(Arc::clone(&schema)).unwrap();
+        let converter = RowConverter::new(vec![
+            SortField::new(DataType::Timestamp(
+                TimeUnit::Microsecond,
+                Some("UTC".into()),
+            )),
+            SortField::new(DataType::Int64),
+            SortField::new(DataType::Utf8),
+        ])
+        .unwrap();
         let columns: Vec<ArrayRef> = vec![
             Arc::new(
                 TimestampMicrosecondArray::from(vec![Some(20), Some(10), Some(10), None, Some(-5)])
@@ -127,13 +72,21 @@ mod tests {
                 Some("z"),
             ])),
         ];
-        let rows = codec.encode(&columns).unwrap();
+        let rows: Vec<Vec<u8>> = converter
+            .convert_columns(&columns)
+            .unwrap()
+            .iter()
+            .map(|r| r.as_ref().to_vec())
+            .collect();
         let mut order: Vec<usize> = (0..rows.len()).collect();
         order.sort_by(|&a, &b| rows[a].cmp(&rows[b]));
         // Nulls first, then by time, then by key: (null,0,""), (-5,null,z), (10,-3,a), (10,2,null), (20,1,b).
         assert_eq!(order, vec![3, 4, 1, 2, 0]);
         let refs: Vec<&[u8]> = rows.iter().map(Vec::as_slice).collect();
-        let back = codec.decode(&refs).unwrap();
+        let parser = converter.parser();
+        let back = converter
+            .convert_rows(refs.iter().map(|r| parser.parse(r)))
+            .unwrap();
         for (a, b) in back.iter().zip(&columns) {
             assert_eq!(a.as_ref(), b.as_ref());
         }

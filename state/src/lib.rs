@@ -16,8 +16,9 @@ mod error;
 mod memory;
 mod rocksdb;
 mod store;
+pub mod table;
 
-pub use codec::{RowCodec, key_partition};
+pub use codec::key_partition;
 pub use error::{Error, Result};
 pub use memory::MemoryStateStoreProvider;
 pub use rocksdb::{RocksDbConfig, RocksDbStateStoreProvider};

@@ -1,15 +1,12 @@
 //! `weir checkpoint` tools against real checkpoints written by `weir run`.
 
-use std::process::{Command, Output};
+use std::process::Output;
 
 use crate::support;
 use support::{kill_at, run_and_kill_at};
 
 fn weir(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_weir"))
-        .args(args)
-        .output()
-        .unwrap()
+    support::weir_command().args(args).output().unwrap()
 }
 
 /// Every file under `dir`, with its size.
@@ -238,7 +235,7 @@ fn validate_lists_every_check_that_refuses_a_changed_query_as_a_restart_would() 
     );
 
     // A restart of the same query is refused with the first of them.
-    let run = std::process::Command::new(env!("CARGO_BIN_EXE_weir"))
+    let run = support::weir_command()
         .args([
             "run",
             "--checkpoint",

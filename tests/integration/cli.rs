@@ -1,20 +1,8 @@
 //! The `weir` command line, run as a real process.
 
-use std::process::Command;
-
 use crate::support;
 
-fn weir(args: &[&str]) -> (bool, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_weir"))
-        .args(args)
-        .output()
-        .unwrap();
-    (
-        out.status.success(),
-        String::from_utf8_lossy(&out.stdout).to_string(),
-        String::from_utf8_lossy(&out.stderr).to_string(),
-    )
-}
+use support::weir;
 
 #[test]
 fn console_output_and_progress_lines_with_sparks_field_names() {
@@ -488,7 +476,7 @@ fn reset_flags_that_do_not_mean_one_thing_are_refused_before_anything_changes() 
 fn max_batches_with_a_processing_time_trigger_exits_when_the_last_batch_commits() {
     // With an hour's trigger, the second batch would wait up to an hour: the run must end as
     // its one batch commits, not one interval later.
-    let mut child = Command::new(env!("CARGO_BIN_EXE_weir"))
+    let mut child = support::weir_command()
         .args([
             "run",
             "-e",
@@ -783,6 +771,82 @@ fn a_checkpoint_of_an_earlier_weir_grouping_by_a_window_alias_goes_on_as_it_was_
     // A new checkpoint of the same query groups by the call, with the same answer.
     assert_eq!(counts(&new, "6"), ["4", "8", "12", "4", "8", "4"]);
     assert!(conf(&new).contains("weir.sql.streaming.groupByWindowAlias = true"));
+}
+
+/// A `dropDuplicatesWithinWatermark` checkpoint an earlier weir wrote (its keys in the store
+/// `default` only, expired ones found by scanning it) goes on in that layout, with the rows a new
+/// checkpoint of the same query gives, which also indexes its keys by expiry.
+#[test]
+fn an_earlier_weirs_dedupe_within_watermark_checkpoint_goes_on_in_its_layout() {
+    let sql = "CREATE STREAMING TABLE d USING console AS SELECT DISTINCT ON (k) WITHIN WATERMARK \
+               k, timestamp FROM (SELECT value % 3 AS k, timestamp FROM STREAM \
+               rate_micro_batch(rowsPerBatch => 2, advanceMillisPerBatch => 1000) WATERMARK \
+               timestamp DELAY OF INTERVAL 2 SECONDS)";
+    let dir = tempfile::tempdir().unwrap();
+    let fixture = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/dedupe-within-watermark-5e02e2f");
+    let (old, new) = (dir.path().join("old"), dir.path().join("new"));
+    support::copy_dir(&fixture, &old);
+    // Each batch's printed rows, by batch.
+    let rows = |ck: &std::path::Path, batches: &str| {
+        let (ok, stdout, stderr) = weir(&[
+            "run",
+            "--checkpoint",
+            ck.to_str().unwrap(),
+            "-e",
+            sql,
+            "--max-batches",
+            batches,
+        ]);
+        assert!(ok, "{stderr}");
+        let mut by_batch: std::collections::BTreeMap<u64, Vec<String>> = Default::default();
+        let mut batch = None;
+        for line in stdout.lines() {
+            if let Some(n) = line.strip_prefix("Batch: ") {
+                batch = Some(n.trim().parse::<u64>().unwrap());
+                by_batch.entry(batch.unwrap()).or_default();
+            } else if line.starts_with("|  ") {
+                by_batch
+                    .get_mut(&batch.unwrap())
+                    .unwrap()
+                    .push(line.to_string());
+            }
+        }
+        for rows in by_batch.values_mut() {
+            rows.sort();
+        }
+        by_batch
+    };
+    let stores = |ck: &std::path::Path| {
+        let (ok, stdout, stderr) = weir(&["checkpoint", "inspect", ck.to_str().unwrap()]);
+        assert!(ok, "{stderr}");
+        stdout
+            .lines()
+            .find(|l| l.contains("dedupeWithinWatermark"))
+            .unwrap()
+            .to_string()
+    };
+    let went_on = rows(&old, "5");
+    let fresh = rows(&new, "8");
+    assert_eq!(went_on.keys().copied().collect::<Vec<_>>(), [3, 4, 5, 6, 7]);
+    for (batch, rows) in &went_on {
+        assert_eq!(rows, &fresh[batch], "batch {batch}");
+    }
+    // Keys come back once the watermark passes their expiry: more rows than the three keys.
+    assert!(
+        went_on.values().map(Vec::len).sum::<usize>() > 3,
+        "{went_on:?}"
+    );
+    assert!(
+        stores(&old).contains("stores default  state"),
+        "{}",
+        stores(&old)
+    );
+    assert!(
+        stores(&new).contains("stores default, default-by-expiry  state"),
+        "{}",
+        stores(&new)
+    );
 }
 
 /// `SELECT DISTINCT ON (keys) WITHIN WATERMARK` is Spark's `dropDuplicatesWithinWatermark`;

@@ -21,7 +21,7 @@ const STAGES: &[&str] = &[
 ];
 
 fn weir(sql: &str, ck: &str, extra: &[&str]) -> Command {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_weir"));
+    let mut c = support::weir_command();
     c.args(["run", "-e", sql, "--checkpoint", ck]).args(extra);
     c
 }

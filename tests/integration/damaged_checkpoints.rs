@@ -4,7 +4,6 @@
 //! silent fresh start.
 
 use std::path::Path;
-use std::process::Command;
 
 use crate::support;
 use support::{contents, copy_dir};
@@ -112,7 +111,7 @@ impl Setup {
 
     /// Runs the query until its input is consumed: success and stderr.
     fn run(&self) -> (bool, String) {
-        let out = Command::new(env!("CARGO_BIN_EXE_weir"))
+        let out = support::weir_command()
             .args(["run", "--checkpoint", self.ck().to_str().unwrap()])
             .args(["--trigger", "availableNow", "-e", &self.sql])
             .output()
@@ -125,7 +124,7 @@ impl Setup {
 
     /// The Delta table's counts, `k,n` by `k`.
     fn counts(&self) -> Vec<String> {
-        let out = Command::new(env!("CARGO_BIN_EXE_weir"))
+        let out = support::weir_command()
             .args([
                 "run",
                 "-e",
@@ -272,7 +271,7 @@ fn a_full_refresh_recovers_a_checkpoint_whose_metadata_is_lost() {
         err.contains("CHECKPOINT_FILE_CORRUPT") && err.contains("metadata"),
         "{err}"
     );
-    let out = Command::new(env!("CARGO_BIN_EXE_weir"))
+    let out = support::weir_command()
         .args(["checkpoint", "reset", s.ck().to_str().unwrap(), "--full"])
         .output()
         .unwrap();
@@ -289,7 +288,7 @@ fn a_full_refresh_recovers_a_checkpoint_whose_metadata_is_lost() {
 
 /// `weir run -e <sql>` with `args`: success and stderr.
 fn weir_run(args: &[&str], sql: &str) -> (bool, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_weir"))
+    let out = support::weir_command()
         .arg("run")
         .args(args)
         .args(["-e", sql])
@@ -466,7 +465,7 @@ fn a_file_sources_compacted_log_is_read_whole_and_refused_by_name_when_damaged()
     copy_dir(base.path(), &ck);
     let (ok, err) = run();
     assert!(ok, "{err}");
-    let out = Command::new(env!("CARGO_BIN_EXE_weir"))
+    let out = support::weir_command()
         .args([
             "run",
             "-e",
@@ -497,7 +496,7 @@ fn flip_a_bit_of_the_query_id(metadata: &Path) {
 
 /// The Delta table's rows and distinct values of `value`.
 fn delta_rows(table: &Path) -> (i64, i64) {
-    let out = Command::new(env!("CARGO_BIN_EXE_weir"))
+    let out = support::weir_command()
         .args([
             "run",
             "-e",
@@ -613,7 +612,7 @@ fn a_file_sinks_lost_entry_or_damaged_part_file_is_refused_by_name() {
         }
     };
     let count = || {
-        let o = Command::new(env!("CARGO_BIN_EXE_weir"))
+        let o = support::weir_command()
             .args([
                 "run",
                 "-e",
@@ -747,7 +746,7 @@ fn fault(path: &Path, how: Fault) {
 
 /// The parquet sink's rows, `value` sorted, through batch SQL over its folder.
 fn parquet_values(out: &Path) -> Result<Vec<i64>, String> {
-    let o = Command::new(env!("CARGO_BIN_EXE_weir"))
+    let o = support::weir_command()
         .args([
             "run",
             "-e",
@@ -925,7 +924,7 @@ fn every_file_of_a_checkpoint_and_its_parquet_output_damaged_is_harmless_or_refu
 
 /// The Delta table's `k,n` rows by `k`, or the reader's error.
 fn delta_counts(out: &Path) -> Result<Vec<String>, String> {
-    let o = Command::new(env!("CARGO_BIN_EXE_weir"))
+    let o = support::weir_command()
         .args([
             "run",
             "-e",

@@ -2,7 +2,6 @@
 //! query's `txn`, a streaming table feeding the next, complete mode, the source's starting
 //! positions and rate limits, change commits, and a file → Delta query killed at every stage.
 
-use std::process::Command;
 use std::sync::Arc;
 
 use weir::datafusion::arrow::array::Int64Array;
@@ -48,7 +47,7 @@ async fn to_delta(session: &WeirSession, name: &str, path: &str, ck: &str) -> St
 
 /// Runs `weir run -e sql --checkpoint ck extra...` to its end; it must succeed.
 fn weir_run(sql: &str, ck: &str, extra: &[&str]) {
-    let status = Command::new(env!("CARGO_BIN_EXE_weir"))
+    let status = support::weir_command()
         .args(["run", "-e", sql, "--checkpoint", ck])
         .args(extra)
         .status()
@@ -599,7 +598,7 @@ fn an_empty_append_batch_commits_its_txn_so_a_lost_commit_is_refused_and_modes_c
     let newest = out.join("_delta_log/00000000000000000003.json");
     std::fs::copy(&newest, saved.join("3.json")).unwrap();
     std::fs::remove_file(&newest).unwrap();
-    let o = Command::new(env!("CARGO_BIN_EXE_weir"))
+    let o = support::weir_command()
         .args([
             "run",
             "-e",
@@ -622,7 +621,7 @@ fn an_empty_append_batch_commits_its_txn_so_a_lost_commit_is_refused_and_modes_c
     // Put back, the query goes on in complete mode: the count of the open window so far.
     std::fs::copy(saved.join("3.json"), &newest).unwrap();
     weir_run(&sql("complete"), ck_s, &["--max-batches", "1"]);
-    let o = Command::new(env!("CARGO_BIN_EXE_weir"))
+    let o = support::weir_command()
         .args([
             "run",
             "-e",

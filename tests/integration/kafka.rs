@@ -431,7 +431,7 @@ async fn an_exactly_once_kafka_sink_commits_each_batch_once_across_kills() {
     for i in 0..10u64 {
         run_and_kill_at(&sql, ck, STAGES[i as usize % STAGES.len()], i + 1);
     }
-    let out = Command::new(env!("CARGO_BIN_EXE_weir"))
+    let out = support::weir_command()
         .args(["run", "-e", &sql, "--checkpoint", ck, "--max-batches", "2"])
         .output()
         .unwrap();
@@ -497,7 +497,7 @@ async fn kafka_to_parquet_keeps_every_record_once_across_kills() {
         send_more(sent, 6).await;
         sent += 6;
     }
-    let out_run = Command::new(env!("CARGO_BIN_EXE_weir"))
+    let out_run = support::weir_command()
         .args([
             "run",
             "-e",
@@ -761,17 +761,7 @@ async fn a_source_reset_continues_a_changed_subscription_from_the_committed_offs
             broker.servers
         )
     };
-    let weir = |args: &[&str]| {
-        let o = std::process::Command::new(env!("CARGO_BIN_EXE_weir"))
-            .args(args)
-            .output()
-            .unwrap();
-        (
-            o.status.success(),
-            String::from_utf8_lossy(&o.stdout).into_owned(),
-            String::from_utf8_lossy(&o.stderr).into_owned(),
-        )
-    };
+    let weir = support::weir;
     // Batch 0 starts at the latest offsets (nothing to read); a3 then arrives and batch 1 reads it.
     let first = query("a");
     let (ok, _, err) = weir(&[

@@ -121,7 +121,7 @@ impl S3Server {
     /// Runs `weir run args...` against this server (with `env` too); it must succeed. Its
     /// standard output.
     fn weir(&self, args: &[&str], env: &[(&str, &str)]) -> String {
-        let out = Command::new(env!("CARGO_BIN_EXE_weir"))
+        let out = support::weir_command()
             .arg("run")
             .args(args)
             .envs(self.env())
@@ -189,7 +189,7 @@ async fn on_s3_a_log_entry_is_written_once_and_a_query_resumes_from_its_checkpoi
     // A query checkpointed on S3 runs three batches, then a restart runs two more from where
     // it stopped.
     let run = |batches: &str| {
-        let mut c = Command::new(env!("CARGO_BIN_EXE_weir"));
+        let mut c = support::weir_command();
         c.args([
             "run",
             "-e",
@@ -263,7 +263,7 @@ async fn a_file_source_on_s3_reads_each_landed_file_once_and_archives_it_on_s3()
         out.path().display()
     );
     let run = || {
-        let mut c = Command::new(env!("CARGO_BIN_EXE_weir"));
+        let mut c = support::weir_command();
         c.args(["run", "-e", &sql])
             .args(["--checkpoint", "s3://weir/queries/files"])
             .args(["--trigger", "availableNow"]);
@@ -331,7 +331,7 @@ async fn on_s3_a_lease_refuses_a_second_live_run_and_expires_after_a_kill() {
     };
     let ck_url = "s3://weir/queries/leased";
     let weir = |extra: &[&str]| {
-        let mut c = Command::new(env!("CARGO_BIN_EXE_weir"));
+        let mut c = support::weir_command();
         c.args([
             "run",
             "-e",
@@ -573,7 +573,7 @@ async fn an_s3_checkpoint_is_repartitioned_and_the_sums_continue() {
         )
     };
     run("3");
-    let out = Command::new(env!("CARGO_BIN_EXE_weir"))
+    let out = support::weir_command()
         .args([
             "checkpoint",
             "repartition",
@@ -631,7 +631,7 @@ async fn an_s3_checkpoint_is_repartitioned_and_the_sums_continue() {
     let changed_sql = sql.replace("value % 5", "value % 7");
     std::fs::write(&changed, &changed_sql).unwrap();
     let tool = |args: &[&str]| {
-        let out = Command::new(env!("CARGO_BIN_EXE_weir"))
+        let out = support::weir_command()
             .arg("checkpoint")
             .args(args)
             .envs(server.env())

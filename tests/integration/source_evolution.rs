@@ -2,15 +2,13 @@
 //! removed from one checkpoint, each read exactly once; a removed name cannot come back; the
 //! setting cannot change on a checkpoint.
 
-use std::process::Command;
-
 use crate::support;
 
 const EVOLUTION: &str = "queryEvolution.enableSourceEvolution";
 
 /// `weir run --checkpoint ck --max-batches n -e sql`: success and stderr.
 fn run(ck: &str, batches: u32, sql: &str) -> (bool, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_weir"))
+    let out = support::weir_command()
         .args([
             "run",
             "--checkpoint",
@@ -70,7 +68,7 @@ fn named_sources_are_reordered_added_and_removed_each_reading_every_row_once() {
     // validate pairs the sources by name.
     let file = dir.path().join("q.sql");
     std::fs::write(&file, query(&out, true, &[B, A])).unwrap();
-    let v = Command::new(env!("CARGO_BIN_EXE_weir"))
+    let v = support::weir_command()
         .args([
             "checkpoint",
             "validate",

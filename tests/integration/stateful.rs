@@ -10,6 +10,8 @@ use weir::datafusion::arrow::compute::cast;
 use weir::datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use weir::{MemoryStream, OutputMode, StateBackend, StreamingQuery, WeirSession};
 
+use crate::support;
+
 fn schema() -> SchemaRef {
     Arc::new(Schema::new(vec![
         Field::new("k", DataType::Int64, false),
@@ -165,15 +167,10 @@ async fn update_mode_emits_changed_groups(backend: StateBackend) {
     q.stop().await;
 }
 
-#[tokio::test]
-async fn update_mode_emits_the_groups_each_batch_changed_on_rocksdb() {
-    update_mode_emits_changed_groups(StateBackend::default()).await;
-}
-
-#[tokio::test]
-async fn update_mode_emits_the_groups_each_batch_changed_in_memory() {
-    update_mode_emits_changed_groups(StateBackend::Memory).await;
-}
+support::on_each_backend!(
+    update_mode_emits_the_groups_each_batch_changed,
+    update_mode_emits_changed_groups
+);
 
 #[tokio::test]
 async fn complete_mode_emits_the_whole_result_and_a_restart_continues_from_state() {
@@ -1819,15 +1816,10 @@ async fn session_windows_equal_batch_sessions(backend: StateBackend) {
     assert_eq!(table(&flat), expected);
 }
 
-#[tokio::test]
-async fn session_windows_equal_batch_sessions_of_the_same_rows_on_rocksdb() {
-    session_windows_equal_batch_sessions(StateBackend::default()).await;
-}
-
-#[tokio::test]
-async fn session_windows_equal_batch_sessions_of_the_same_rows_in_memory() {
-    session_windows_equal_batch_sessions(StateBackend::Memory).await;
-}
+support::on_each_backend!(
+    session_windows_equal_batch_sessions_of_the_same_rows,
+    session_windows_equal_batch_sessions
+);
 
 /// `read_state` over a checkpoint whose state is in memory reads the running query's state, in
 /// the session running it; a version the memory store no longer keeps, or a stopped query's

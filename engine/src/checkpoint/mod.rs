@@ -15,13 +15,13 @@
 //! Every path is built here. What to replay and what to purge are pure functions in
 //! [`recovery`].
 
-pub mod inspect;
+pub(crate) mod checks;
 mod lease;
 pub mod log;
 pub mod recovery;
-pub mod repartition;
-pub mod reset;
+pub mod resets;
 mod restart;
+pub(crate) mod source_evolution;
 pub(crate) mod state_mirror;
 
 use bytes::Bytes;
@@ -39,14 +39,14 @@ use crate::stateful::StateMetadata;
 use crate::{Error, Result};
 
 const METADATA: &str = "metadata";
-const OFFSETS: &str = "offsets";
-const COMMITS: &str = "commits";
-const SOURCES: &str = "sources";
-const STATE: &str = "state";
+pub(crate) const OFFSETS: &str = "offsets";
+pub(crate) const COMMITS: &str = "commits";
+pub(crate) const SOURCES: &str = "sources";
+pub(crate) const STATE: &str = "state";
 const STATE_METADATA: &str = "state/_metadata";
 const SINK: &str = "sink";
 const LOCK: &str = ".weir-lock";
-const RESETS: &str = "resets";
+pub(crate) const RESETS: &str = "resets";
 const SOURCE_NAMES: &str = "source_names";
 /// The checkpoint format this weir writes: 2 checksums `metadata` (1 did not; still read).
 const CHECKPOINT_VERSION: u32 = 2;
@@ -195,7 +195,7 @@ impl Checkpoint {
         if !readable && location.list_all().await?.iter().any(|p| is_log(p)) {
             // Record the refresh before the metadata changes, so that runs refuse the
             // checkpoint until the refresh is done.
-            reset::record_refresh_start(&location).await?;
+            resets::record_refresh_start(&location).await?;
             let fresh = Metadata::new(Uuid::new_v4());
             location.put(METADATA, fresh.encode()?).await?;
         }

@@ -36,7 +36,7 @@ pub(crate) enum RestartPoint {
 impl RestartPoint {
     /// The partition count the checkpoint was created with, as logged.
     pub(crate) fn logged_partitions(&self) -> Option<usize> {
-        self.logged_conf(crate::session::SHUFFLE_PARTITIONS)?
+        self.logged_conf(crate::api::SHUFFLE_PARTITIONS)?
             .parse()
             .ok()
     }
@@ -99,7 +99,7 @@ impl RestartPoint {
     /// Where `checkpoint` left off, with the sources resets (`resets`) started anew in place.
     pub(crate) async fn read_after_resets(
         checkpoint: &Checkpoint,
-        resets: &[(u64, crate::checkpoint::reset::ResetRecord)],
+        resets: &[(u64, crate::checkpoint::resets::ResetRecord)],
     ) -> Result<Option<Self>> {
         Ok(Self::read(checkpoint)
             .await?
@@ -110,7 +110,7 @@ impl RestartPoint {
     /// reset records) in place, while no batch has run since that reset.
     pub(crate) fn with_source_resets(
         self,
-        resets: &[(u64, crate::checkpoint::reset::ResetRecord)],
+        resets: &[(u64, crate::checkpoint::resets::ResetRecord)],
     ) -> Self {
         match self {
             Self::After {

@@ -5,9 +5,12 @@
 //! ```text
 //! AggregateExec(Partial)                 DataFusion's, per input partition: group keys + state
 //!   └─ shuffle                           all partial rows, by key_partition(encoded key)
-//! StatefulAggregateExec, partition p     multi_get the batch's keys from store (op, p, default)
-//!                                        GroupsAccumulator::merge_batch(stored), merge_batch(batch)
-//!                                        state() → one WriteBatch → emit → commit version N+1
+//! StatefulExec<StreamingAggregate>, partition p (see `operator.rs` for the shell):
+//!   group    the batch's rows by encoded key (late rows dropped), merged into accumulators
+//!   load     multi_get those keys from store (op, p, default), merged in too
+//!   write    each group's new state, one WriteBatch
+//!   emit     by output mode: the changed groups, every group, or (append) the evicted ones
+//!   evict    groups whose event time the watermark passed (a range scan)
 //! ```
 //!
 //! Keys are the group columns encoded with arrow-row; values are the accumulators' state
@@ -22,30 +25,23 @@ use arrow::array::{Array, ArrayRef, Int64Array, RecordBatch, StructArray};
 use arrow::buffer::NullBuffer;
 use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use arrow::row::{RowConverter, SortField};
-use datafusion::common::tree_node::TreeNodeRecursion;
 use datafusion::error::{DataFusionError, Result};
-use datafusion::execution::{SendableRecordBatchStream, TaskContext};
 use datafusion::logical_expr::{EmitTo, GroupsAccumulator};
 use datafusion::physical_expr::GroupsAccumulatorAdapter;
+use datafusion::physical_expr::ScalarFunctionExpr;
 use datafusion::physical_expr::aggregate::AggregateFunctionExpr;
 use datafusion::physical_expr::expressions::Column;
-use datafusion::physical_expr::{EquivalenceProperties, ScalarFunctionExpr};
 use datafusion::physical_plan::aggregates::{AggregateExec, AggregateMode};
-use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
-use datafusion::physical_plan::{
-    DisplayAs, DisplayFormatType, ExecutionPlan, Partitioning, PhysicalExpr, PlanProperties,
-};
-use tokio::sync::OnceCell;
+use datafusion::physical_plan::{ExecutionPlan, PhysicalExpr};
 use weir_common::ClassifiedError;
 use weir_sinks::OutputMode;
-use weir_state::{KeyRange, WriteBatch};
+use weir_state::table::times_up_to;
+use weir_state::{KeyRange, StateStore, WriteBatch};
 
+use super::kind::{OperatorKind, StateFormat};
+use super::operator::{Processed, RowsInState, ShuffleKey, StatefulOperator, Step};
 use super::watermark::{drop_late, event_micros};
-use super::{
-    BatchState, OperatorInfo, event_time_bound, on_blocking_pool, one_batch_stream, state_error,
-    watermark_columns,
-};
-use crate::progress::StateOperatorProgress;
+use super::{BatchWatermark, OperatorInfo, state_error, watermark_columns};
 
 const STORE: &str = "default";
 /// The stored key's leading event-time column, when the aggregation has a watermarked key.
@@ -277,7 +273,9 @@ fn event_times(key: EventTimeKey, batch: &RecordBatch) -> Result<Int64Array> {
     Ok(Int64Array::new(micros.values().clone(), nulls))
 }
 
-struct Inner {
+/// A streaming aggregation: DataFusion's final aggregate, with its groups' accumulator state
+/// kept across batches.
+pub(crate) struct StreamingAggregate {
     /// DataFusion's partial aggregate of the batch: group columns, then each aggregate's state.
     partial: Arc<dyn ExecutionPlan>,
     num_group: usize,
@@ -289,31 +287,22 @@ struct Inner {
     value_fields: Vec<SortField>,
     schema: SchemaRef,
     info: OperatorInfo,
-    batch: Arc<BatchState>,
-    /// The partial rows of every input partition, split by shuffle partition; filled by the
-    /// first output partition that runs.
-    shuffled: OnceCell<Vec<Vec<RecordBatch>>>,
 }
 
-/// The stateful final aggregate of a streaming aggregation; one output partition per shuffle
-/// partition.
-pub(crate) struct StatefulAggregateExec {
-    inner: Arc<Inner>,
-    properties: Arc<PlanProperties>,
+/// The batch's rows grouped by key and merged into one accumulator per group.
+struct Groups {
+    /// Encoded keys, one per group, in first-seen order.
+    keys: Vec<Vec<u8>>,
+    accs: Vec<Box<dyn GroupsAccumulator>>,
+    /// Rows dropped as late.
+    dropped: u64,
 }
 
-impl fmt::Debug for StatefulAggregateExec {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("StatefulAggregateExec")
-            .field("operator", &self.inner.info.operator_id)
-            .finish()
-    }
-}
-
-impl StatefulAggregateExec {
+impl StreamingAggregate {
     /// Replaces DataFusion's aggregate `agg` (a `Final`, `FinalPartitioned`, `Single` or
-    /// `SinglePartitioned` one) as stateful operator `id`.
-    pub(crate) fn try_new(agg: &AggregateExec, id: u32, batch: Arc<BatchState>) -> Result<Self> {
+    /// `SinglePartitioned` one) as stateful operator `id`, over `partitions` shuffle
+    /// partitions.
+    pub(crate) fn try_new(agg: &AggregateExec, id: u32, partitions: usize) -> Result<Self> {
         let partial = partial_of(agg)?;
         let Some(partial_agg) = partial.downcast_ref::<AggregateExec>() else {
             return Err(DataFusionError::Internal(
@@ -346,10 +335,9 @@ impl StatefulAggregateExec {
             .map(|(e, _)| format!("group by {}", without_positions(&e.to_string())))
             .collect();
         fingerprint.extend(aggregates.fingerprint().iter().cloned());
-        let partitions = batch.run()?.partitions;
         let info = OperatorInfo {
             operator_id: id,
-            operator_name: "aggregate".into(),
+            operator_name: OperatorKind::Aggregate.name().into(),
             num_partitions: partitions,
             store_names: vec![STORE.into()],
             key_schema: key_schema.clone(),
@@ -357,37 +345,18 @@ impl StatefulAggregateExec {
             fingerprint,
             layout: None,
         };
-        let schema = agg.schema();
-        let properties = Arc::new(PlanProperties::new(
-            EquivalenceProperties::new(Arc::clone(&schema)),
-            Partitioning::UnknownPartitioning(partitions),
-            EmissionType::Final,
-            Boundedness::Bounded,
-        ));
         Ok(Self {
-            inner: Arc::new(Inner {
-                partial,
-                num_group,
-                aggregates,
-                event_time,
-                key_fields: sort_fields(&key_schema),
-                value_fields: sort_fields(&value_schema),
-                schema,
-                info,
-                batch,
-                shuffled: OnceCell::new(),
-            }),
-            properties,
+            partial,
+            num_group,
+            aggregates,
+            event_time,
+            key_fields: sort_fields(&key_schema),
+            value_fields: sort_fields(&value_schema),
+            schema: agg.schema(),
+            info,
         })
     }
 
-    /// The operator as the checkpoint records it.
-    pub(crate) fn info(&self) -> &OperatorInfo {
-        &self.inner.info
-    }
-}
-
-impl Inner {
     /// The output rows of groups with keys `keys` and accumulator state `state`.
     fn evaluate(&self, keys: &[&[u8]], state: &[ArrayRef]) -> Result<RecordBatch> {
         let n = keys.len();
@@ -426,45 +395,23 @@ impl Inner {
         self.evaluate(&keys, &state)
     }
 
-    /// Reads every input partition's partial rows and splits them by shuffle partition.
-    async fn shuffle(&self, context: Arc<TaskContext>) -> Result<Vec<Vec<RecordBatch>>> {
-        let group_fields = self.key_fields[usize::from(self.event_time.is_some())..].to_vec();
-        let keys: Vec<usize> = (0..self.num_group).collect();
-        super::shuffle(
-            Arc::clone(&self.partial),
-            context,
-            &keys,
-            group_fields,
-            self.batch.run()?.partitions,
-        )
-        .await
-    }
-
-    /// Merges partition `partition`'s partial rows with its stored state, writes the new state,
-    /// commits the store and returns the rows the output mode emits.
-    fn merge_partition(&self, partition: usize, input: &[RecordBatch]) -> Result<RecordBatch> {
-        let started = Instant::now();
-        let run = self.batch.run()?;
-        let watermark = self.batch.watermark;
-        let mut dropped = 0u64;
-        let mut store = run
-            .open_store(self.info.operator_id, partition, STORE, self.batch.batch)
-            .map_err(state_error)?;
-
-        // Group indices: one per distinct encoded key, in first-seen order. Accumulators
-        // expect every group below `total_num_groups` to appear in some merge (DataFusion's
-        // null tracking counts on it), so each batch is merged with the number of groups seen
-        // up to it, and stored state after all of them.
+    /// Groups the batch's partial rows by encoded key and merges them into one accumulator per
+    /// group; rows at or behind the previous batch's watermark are late: dropped before they
+    /// reach state, and counted.
+    ///
+    /// Accumulators expect every group below `total_num_groups` to appear in some merge
+    /// (DataFusion's null tracking counts on it), so each batch is merged with the number of
+    /// groups seen up to it, and stored state after all of them.
+    fn group(&self, input: &[RecordBatch], watermark: BatchWatermark) -> Result<Groups> {
         let converter = RowConverter::new(self.key_fields.clone())?;
         let mut index: HashMap<Vec<u8>, usize> = HashMap::new();
         let mut keys: Vec<Vec<u8>> = vec![];
         let mut accs = self.aggregates.accumulators()?;
+        let mut dropped = 0u64;
         for batch in input {
             let (batch, key_columns) = match self.event_time {
                 None => (batch.clone(), batch.columns()[..self.num_group].to_vec()),
                 Some(et) => {
-                    // Rows at or behind the previous batch's watermark are late: dropped
-                    // before they reach state, and counted.
                     let late_us = watermark.late_ms.saturating_mul(1000);
                     let (kept, times, late) = drop_late(batch, &event_times(et, batch)?, late_us)?;
                     dropped += late;
@@ -473,7 +420,6 @@ impl Inner {
                     (kept, cols)
                 }
             };
-            let batch = &batch;
             let groups: Vec<usize> = if self.num_group == 0 {
                 if keys.is_empty() {
                     keys.push(vec![]);
@@ -500,39 +446,148 @@ impl Inner {
                 keys.len(),
             )?;
         }
-        let n = keys.len();
-        let key_refs: Vec<&[u8]> = keys.iter().map(Vec::as_slice).collect();
-        let values = RowConverter::new(self.value_fields.clone())?;
-        let mut stored_keys = 0;
-        if n > 0 {
-            let stored = store.multi_get(&key_refs).map_err(state_error)?;
-            let (found, bytes): (Vec<usize>, Vec<&[u8]>) = stored
-                .iter()
-                .enumerate()
-                .filter_map(|(g, v)| v.as_deref().map(|v| (g, v)))
-                .unzip();
-            stored_keys = found.len();
-            if !found.is_empty() {
-                let parser = values.parser();
-                let state = values.convert_rows(bytes.iter().map(|b| parser.parse(b)))?;
-                self.aggregates.merge(&mut accs, &state, &found, n)?;
-            }
+        Ok(Groups {
+            keys,
+            accs,
+            dropped,
+        })
+    }
+
+    /// Merges the stored state of `groups`' keys into their accumulators; returns how many
+    /// of them were stored.
+    fn load(
+        &self,
+        store: &dyn StateStore,
+        values: &RowConverter,
+        groups: &mut Groups,
+    ) -> Result<usize> {
+        let n = groups.keys.len();
+        if n == 0 {
+            return Ok(0);
         }
-        let mut state = Vec::with_capacity(self.value_fields.len());
-        for acc in &mut accs {
-            state.extend(acc.state(EmitTo::All)?);
+        let key_refs: Vec<&[u8]> = groups.keys.iter().map(Vec::as_slice).collect();
+        let stored = store.multi_get(&key_refs).map_err(state_error)?;
+        let (found, bytes): (Vec<usize>, Vec<&[u8]>) = stored
+            .iter()
+            .enumerate()
+            .filter_map(|(g, v)| v.as_deref().map(|v| (g, v)))
+            .unzip();
+        if !found.is_empty() {
+            let parser = values.parser();
+            let state = values.convert_rows(bytes.iter().map(|b| parser.parse(b)))?;
+            self.aggregates.merge(&mut groups.accs, &state, &found, n)?;
         }
+        Ok(found.len())
+    }
+
+    /// Writes each group's new state (`state`, the accumulators' state columns).
+    fn write(
+        &self,
+        store: &mut dyn StateStore,
+        values: &RowConverter,
+        keys: &[Vec<u8>],
+        state: &[ArrayRef],
+        new_keys: usize,
+    ) -> Result<()> {
         let mut writes = WriteBatch::new();
-        if n > 0 {
-            let rows = values.convert_columns(&state)?;
+        if !keys.is_empty() {
+            let rows = values.convert_columns(state)?;
             for (key, row) in keys.iter().zip(rows.iter()) {
                 writes.put(key.clone(), row.as_ref().to_vec());
             }
         }
         store
-            .apply(writes.with_key_delta((n - stored_keys) as i64))
-            .map_err(state_error)?;
+            .apply(writes.with_key_delta(new_keys as i64))
+            .map_err(state_error)
+    }
 
+    /// Removes the groups whose event time the eviction watermark has passed (they are final)
+    /// and returns them.
+    fn evict(
+        &self,
+        store: &mut dyn StateStore,
+        watermark: BatchWatermark,
+    ) -> Result<Vec<(Vec<u8>, Vec<u8>)>> {
+        let range = times_up_to(None, watermark.eviction_ms.saturating_mul(1000));
+        let expired = store.scan(&range).map_err(state_error)?;
+        if !expired.is_empty() {
+            let mut deletes = WriteBatch::new();
+            for (k, _) in &expired {
+                deletes.delete(k.clone());
+            }
+            store
+                .apply(deletes.with_key_delta(-(expired.len() as i64)))
+                .map_err(state_error)?;
+        }
+        Ok(expired)
+    }
+}
+
+/// How a streaming aggregation keeps its state: store `default` maps a group key (arrow-row,
+/// led by the event time when a watermark is on a key) to its accumulators' state columns
+/// (arrow-row).
+pub(crate) struct AggregateFormat;
+
+impl StateFormat for AggregateFormat {
+    fn readable(&self, _store: &str) -> bool {
+        true
+    }
+}
+
+impl StatefulOperator for StreamingAggregate {
+    fn name(&self) -> &'static str {
+        "StatefulAggregateExec"
+    }
+
+    fn info(&self) -> &OperatorInfo {
+        &self.info
+    }
+
+    fn schema(&self) -> SchemaRef {
+        Arc::clone(&self.schema)
+    }
+
+    fn inputs(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
+        vec![&self.partial]
+    }
+
+    fn shuffle_key(&self, _input: usize) -> Result<ShuffleKey> {
+        let keys: Vec<usize> = (0..self.num_group).collect();
+        Ok(ShuffleKey::columns(&self.partial.schema(), &keys))
+    }
+
+    fn process(&self, step: Step<'_>) -> Result<Processed> {
+        let started = Instant::now();
+        let Step {
+            input,
+            stores,
+            run,
+            watermark,
+            ..
+        } = step;
+        let [store] = stores else {
+            return Err(DataFusionError::Internal(
+                "a streaming aggregation has one store".into(),
+            ));
+        };
+        let input = input.into_iter().next().unwrap_or_default();
+        let values = RowConverter::new(self.value_fields.clone())?;
+        let mut groups = self.group(&input, watermark)?;
+        let stored_keys = self.load(store.as_ref(), &values, &mut groups)?;
+        let n = groups.keys.len();
+        let mut state = Vec::with_capacity(self.value_fields.len());
+        for acc in &mut groups.accs {
+            state.extend(acc.state(EmitTo::All)?);
+        }
+        self.write(
+            store.as_mut(),
+            &values,
+            &groups.keys,
+            &state,
+            n - stored_keys,
+        )?;
+
+        let key_refs: Vec<&[u8]> = groups.keys.iter().map(Vec::as_slice).collect();
         let mut output = match run.output_mode {
             OutputMode::Update => vec![self.evaluate(&key_refs, &state)?],
             OutputMode::Complete => {
@@ -549,117 +604,31 @@ impl Inner {
         let removing = Instant::now();
         let mut removed = 0u64;
         if self.event_time.is_some() && run.output_mode != OutputMode::Complete {
-            let range = KeyRange {
-                start: std::ops::Bound::Included(event_time_bound(i64::MIN)?),
-                end: std::ops::Bound::Excluded(event_time_bound(
-                    watermark.eviction_ms.saturating_mul(1000).saturating_add(1),
-                )?),
-            };
-            let expired = store.scan(&range).map_err(state_error)?;
-            if !expired.is_empty() {
-                if run.output_mode == OutputMode::Append {
-                    output.push(self.evaluate_stored(&values, &expired)?);
-                }
-                let mut deletes = WriteBatch::new();
-                for (k, _) in &expired {
-                    deletes.delete(k.clone());
-                }
-                removed = expired.len() as u64;
-                store
-                    .apply(deletes.with_key_delta(-(expired.len() as i64)))
-                    .map_err(state_error)?;
+            let expired = self.evict(store.as_mut(), watermark)?;
+            if run.output_mode == OutputMode::Append && !expired.is_empty() {
+                output.push(self.evaluate_stored(&values, &expired)?);
             }
+            removed = expired.len() as u64;
         }
         let removals = removing.elapsed();
-        let output = arrow::compute::concat_batches(&self.schema, &output)?;
-
-        let committing = Instant::now();
-        store.commit().map_err(state_error)?;
-        if partition == 0 {
-            // Crash tests stop here: one partition's state is committed, the others' are not.
-            weir_common::failpoint::pause_point("state_committed", self.batch.batch);
-        }
-        let metrics = store.metrics();
-        self.batch.record(
-            self.info.operator_id,
-            StateOperatorProgress {
-                operator_name: self.info.operator_name.clone(),
-                num_rows_total: metrics.num_keys,
-                num_rows_updated: n as u64,
-                all_updates_time_ms: updates.as_millis() as u64,
-                num_rows_removed: removed,
-                all_removals_time_ms: removals.as_millis() as u64,
-                num_rows_dropped_by_watermark: dropped,
-                commit_time_ms: committing.elapsed().as_millis() as u64,
-                memory_used_bytes: metrics.memory_used_bytes,
-                num_shuffle_partitions: run.partitions as u64,
-                num_state_store_instances: 1,
-                custom_metrics: metrics.custom,
-            },
-        );
-        Ok(output)
+        Ok(Processed {
+            output: arrow::compute::concat_batches(&self.schema, &output)?,
+            rows_updated: n as u64,
+            rows_removed: removed,
+            rows_dropped_by_watermark: groups.dropped,
+            rows_in_state: RowsInState::KeysOf(0),
+            updates,
+            removals,
+        })
     }
-}
 
-impl DisplayAs for StatefulAggregateExec {
-    fn fmt_as(&self, _t: DisplayFormatType, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+    fn describe(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
             "StatefulAggregateExec: operator={}, {}",
-            self.inner.info.operator_id,
-            self.inner.info.fingerprint.join(", ")
+            self.info.operator_id,
+            self.info.fingerprint.join(", ")
         )
-    }
-}
-
-impl ExecutionPlan for StatefulAggregateExec {
-    fn name(&self) -> &str {
-        "StatefulAggregateExec"
-    }
-
-    fn properties(&self) -> &Arc<PlanProperties> {
-        &self.properties
-    }
-
-    fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
-        vec![&self.inner.partial]
-    }
-
-    fn apply_expressions(
-        &self,
-        _f: &mut dyn FnMut(&Arc<dyn PhysicalExpr>) -> Result<TreeNodeRecursion>,
-    ) -> Result<TreeNodeRecursion> {
-        Ok(TreeNodeRecursion::Continue)
-    }
-
-    fn with_new_children(
-        self: Arc<Self>,
-        children: Vec<Arc<dyn ExecutionPlan>>,
-    ) -> Result<Arc<dyn ExecutionPlan>> {
-        match children.as_slice() {
-            [only] if Arc::ptr_eq(only, &self.inner.partial) => Ok(self),
-            _ => Err(DataFusionError::Internal(
-                "a streaming aggregation's input cannot be replaced once planned".into(),
-            )),
-        }
-    }
-
-    fn execute(
-        &self,
-        partition: usize,
-        context: Arc<TaskContext>,
-    ) -> Result<SendableRecordBatchStream> {
-        let inner = Arc::clone(&self.inner);
-        let run = async move {
-            let shuffled = inner
-                .shuffled
-                .get_or_try_init(|| inner.shuffle(context))
-                .await?;
-            let input = shuffled.get(partition).cloned().unwrap_or_default();
-            let worker = Arc::clone(&inner);
-            on_blocking_pool(move || worker.merge_partition(partition, &input)).await
-        };
-        Ok(one_batch_stream(Arc::clone(&self.inner.schema), run))
     }
 }
 
@@ -672,5 +641,122 @@ mod tests {
         assert_eq!(without_positions("value@0 % 10"), "value % 10");
         assert_eq!(without_positions("a@12 + b@3"), "a + b");
         assert_eq!(without_positions("user@example"), "user@example");
+    }
+
+    /// The streaming aggregation of `SELECT k, sum(v), count(*) ... GROUP BY k` over `rows`
+    /// (k, v), and its partial rows: DataFusion plans it as for a table of these rows.
+    async fn planned(rows: &[(&str, i64)]) -> (StreamingAggregate, Vec<RecordBatch>) {
+        use arrow::array::StringArray;
+        let schema = Arc::new(Schema::new(vec![
+            Field::new("k", DataType::Utf8, true),
+            Field::new("v", DataType::Int64, true),
+        ]));
+        let batch = RecordBatch::try_new(
+            Arc::clone(&schema),
+            vec![
+                Arc::new(StringArray::from_iter_values(rows.iter().map(|r| r.0))),
+                Arc::new(Int64Array::from_iter_values(rows.iter().map(|r| r.1))),
+            ],
+        )
+        .unwrap();
+        let ctx = datafusion::prelude::SessionContext::new();
+        let table = datafusion::datasource::MemTable::try_new(schema, vec![vec![batch]]).unwrap();
+        ctx.register_table("t", Arc::new(table)).unwrap();
+        let plan = ctx
+            .sql("SELECT k, sum(v) AS s, count(*) AS n FROM t GROUP BY k")
+            .await
+            .unwrap()
+            .create_physical_plan()
+            .await
+            .unwrap();
+        fn final_aggregate(plan: &Arc<dyn ExecutionPlan>) -> Option<&AggregateExec> {
+            if let Some(a) = plan.downcast_ref::<AggregateExec>()
+                && *a.mode() != AggregateMode::Partial
+            {
+                return Some(a);
+            }
+            plan.children().into_iter().find_map(final_aggregate)
+        }
+        let op = StreamingAggregate::try_new(final_aggregate(&plan).unwrap(), 0, 1).unwrap();
+        let partial = datafusion::physical_plan::collect(Arc::clone(&op.partial), ctx.task_ctx())
+            .await
+            .unwrap();
+        (op, partial)
+    }
+
+    /// The output rows as `k,s,n`, sorted.
+    fn lines(batch: &RecordBatch) -> Vec<String> {
+        let mut out: Vec<String> = (0..batch.num_rows())
+            .map(|r| {
+                (0..batch.num_columns())
+                    .map(|c| {
+                        arrow::util::display::array_value_to_string(batch.column(c), r).unwrap()
+                    })
+                    .collect::<Vec<_>>()
+                    .join(",")
+            })
+            .collect();
+        out.sort();
+        out
+    }
+
+    /// Two batches through the operator on an in-memory store in `mode`: each batch's output.
+    async fn two_batches(mode: OutputMode) -> Vec<(Vec<String>, u64)> {
+        let state = super::super::StateRun::open(
+            super::super::StateBackend::Memory,
+            None,
+            None,
+            uuid::Uuid::nil(),
+            uuid::Uuid::nil(),
+            1,
+            mode,
+        )
+        .unwrap();
+        let mut out = vec![];
+        for (n, rows) in [
+            vec![("a", 1), ("b", 2), ("a", 3)],
+            vec![("a", 10), ("c", 5)],
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            let (op, partial) = planned(&rows).await;
+            let mut stores = vec![state.open_store(0, 0, STORE, n as u64).unwrap()];
+            let processed = op
+                .process(Step {
+                    input: vec![partial],
+                    stores: &mut stores,
+                    run: &state,
+                    batch: n as u64,
+                    watermark: BatchWatermark::default(),
+                })
+                .unwrap();
+            stores[0].commit().unwrap();
+            assert_eq!(processed.rows_in_state, RowsInState::KeysOf(0));
+            out.push((lines(&processed.output), processed.rows_updated));
+        }
+        out
+    }
+
+    #[tokio::test]
+    async fn update_mode_emits_the_groups_a_batch_changed_merged_with_their_state() {
+        assert_eq!(
+            two_batches(OutputMode::Update).await,
+            [
+                (vec!["a,4,2".to_string(), "b,2,1".into()], 2),
+                (vec!["a,14,3".to_string(), "c,5,1".into()], 2),
+            ]
+        );
+    }
+
+    #[tokio::test]
+    async fn complete_mode_emits_every_group_in_state() {
+        assert_eq!(
+            two_batches(OutputMode::Complete).await[1],
+            (
+                vec!["a,14,3".to_string(), "b,2,1".into(), "c,5,1".into()],
+                2
+            )
+        );
     }
 }

@@ -38,26 +38,20 @@ use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
 use datafusion::physical_plan::{
     DisplayAs, DisplayFormatType, ExecutionPlan, Partitioning, PhysicalExpr, PlanProperties,
 };
-use tokio::sync::OnceCell;
 use weir_planner::join::TimeBound;
-use weir_state::{KeyRange, StateStore, WriteBatch};
+use weir_state::table::{TIME_PREFIX, time_key_with, times_up_to};
+use weir_state::{StateStore, WriteBatch};
 
+use super::kind::{OperatorKind, Placement, StateFormat};
+use super::operator::{Processed, RowsInState, ShuffleKey, StatefulExec, StatefulOperator, Step};
 use super::watermark::{drop_late, event_micros};
-use super::{
-    BatchState, OperatorInfo, event_time_bound, on_blocking_pool, one_batch_stream, state_error,
-    watermark_columns,
-};
-use crate::progress::StateOperatorProgress;
-
-/// Bytes of an arrow-row Int64 (null flag and 8 bytes): the time prefix of a `-time` key.
-const TIME_PREFIX: usize = 9;
+use super::{BatchState, OperatorInfo, state_error, watermark_columns};
 
 /// A join of two streams as planned, before a batch attaches it.
 #[derive(Debug)]
 pub(crate) struct StreamJoinExec {
     plan: Arc<Planned>,
     properties: Arc<PlanProperties>,
-    attached: Option<Arc<Inner>>,
 }
 
 #[derive(Debug)]
@@ -87,15 +81,15 @@ struct Side {
     outer: bool,
 }
 
+/// A stream-stream join in a batch: both sides' rows kept in state until no future row of the
+/// other side can match them.
 #[derive(Debug)]
-struct Inner {
+pub(crate) struct StreamJoin {
     plan: Arc<Planned>,
     left: Side,
     right: Side,
     key_fields: Vec<SortField>,
     info: OperatorInfo,
-    batch: Arc<BatchState>,
-    shuffled: OnceCell<[Vec<Vec<RecordBatch>>; 2]>,
 }
 
 fn row_fields(schema: &Schema) -> Vec<SortField> {
@@ -123,7 +117,6 @@ impl StreamJoinExec {
         Self {
             plan: Arc::new(plan),
             properties,
-            attached: None,
         }
     }
 
@@ -140,7 +133,7 @@ impl StreamJoinExec {
         right: Arc<dyn ExecutionPlan>,
         id: u32,
         batch: Arc<BatchState>,
-    ) -> Result<Self> {
+    ) -> Result<StatefulExec<StreamJoin>> {
         let p = &self.plan;
         let partitions = batch.run()?.partitions;
         let time_of = |input: &Arc<dyn ExecutionPlan>, name: Option<&String>| {
@@ -213,7 +206,7 @@ impl StreamJoinExec {
         }
         let info = OperatorInfo {
             operator_id: id,
-            operator_name: "streamStreamJoin".into(),
+            operator_name: OperatorKind::StreamStreamJoin.name().into(),
             num_partitions: partitions,
             store_names: ["left", "left-times", "right", "right-times"]
                 .map(String::from)
@@ -223,7 +216,7 @@ impl StreamJoinExec {
             fingerprint,
             layout: None,
         };
-        let inner = Inner {
+        let join = StreamJoin {
             plan: Arc::clone(&self.plan),
             left: Side {
                 name: "left",
@@ -243,34 +236,8 @@ impl StreamJoinExec {
             },
             key_fields,
             info,
-            batch,
-            shuffled: OnceCell::new(),
         };
-        let plan = Planned {
-            left,
-            right,
-            left_keys: p.left_keys.clone(),
-            right_keys: p.right_keys.clone(),
-            filter: p.filter.clone(),
-            join_type: p.join_type,
-            time_bound: p.time_bound.clone(),
-            schema: Arc::clone(&p.schema),
-        };
-        Ok(Self {
-            plan: Arc::new(plan),
-            properties: Arc::new(PlanProperties::new(
-                EquivalenceProperties::new(Arc::clone(&p.schema)),
-                Partitioning::UnknownPartitioning(partitions),
-                EmissionType::Final,
-                Boundedness::Bounded,
-            )),
-            attached: Some(Arc::new(inner)),
-        })
-    }
-
-    /// The operator as the checkpoint records it, once attached.
-    pub(crate) fn info(&self) -> Option<&OperatorInfo> {
-        self.attached.as_ref().map(|i| &i.info)
+        Ok(StatefulExec::new(join, batch))
     }
 }
 
@@ -423,9 +390,7 @@ fn suffix(batch: u64, row: u32) -> [u8; 12] {
 
 /// The key of the index entry of `batch`'s rows at event time `time`.
 fn index_key(time: i64, batch: u64) -> Result<Vec<u8>> {
-    let mut k = event_time_bound(time)?;
-    k.extend(batch.to_be_bytes());
-    Ok(k)
+    Ok(time_key_with(time, &batch.to_be_bytes()))
 }
 
 /// Adds row `row` with join key `key` to an index entry's value: `[key length 4][key][row 4]...`.
@@ -559,39 +524,7 @@ fn corrupt(store: &str) -> DataFusionError {
     )))
 }
 
-impl Inner {
-    async fn shuffle(&self, context: Arc<TaskContext>) -> Result<[Vec<Vec<RecordBatch>>; 2]> {
-        let partitions = self.batch.run()?.partitions;
-        let mut out = [vec![vec![]; partitions], vec![vec![]; partitions]];
-        for (s, side) in [&self.left, &self.right].into_iter().enumerate() {
-            let converter = RowConverter::new(self.key_fields.clone())?;
-            let collected = datafusion::physical_plan::collect_partitioned(
-                Arc::clone(&side.input),
-                Arc::clone(&context),
-            )
-            .await?;
-            for batch in collected.into_iter().flatten() {
-                if batch.num_rows() == 0 {
-                    continue;
-                }
-                let rows = converter.convert_columns(&key_columns(&side.keys, &batch)?)?;
-                let mut indices = vec![vec![]; partitions];
-                for (i, r) in rows.iter().enumerate() {
-                    indices[weir_state::key_partition(r.as_ref(), partitions)].push(i as u32);
-                }
-                for (p, ix) in indices.into_iter().enumerate() {
-                    if !ix.is_empty() {
-                        out[s][p].push(arrow::compute::take_record_batch(
-                            &batch,
-                            &arrow::array::UInt32Array::from(ix),
-                        )?);
-                    }
-                }
-            }
-        }
-        Ok(out)
-    }
-
+impl StreamJoin {
     fn side_rows(&self, side: &Side, input: &[RecordBatch], late_us: i64) -> Result<SideRows> {
         let schema = side.input.schema();
         let batch = concat_batches(&schema, input)?;
@@ -613,28 +546,29 @@ impl Inner {
         })
     }
 
-    fn join_partition(
-        &self,
-        partition: usize,
-        left_in: &[RecordBatch],
-        right_in: &[RecordBatch],
-    ) -> Result<RecordBatch> {
+    /// Joins a partition's new rows of both sides with each other and with the stored rows,
+    /// stores the new rows, and evicts (an outer side emitting) the rows no future row can
+    /// match.
+    fn join(&self, step: Step<'_>) -> Result<Processed> {
         let started = Instant::now();
-        let run = self.batch.run()?;
-        let wm = self.batch.watermark;
-        let late_us = wm.late_ms.saturating_mul(1000);
-        let open = |name: &str| {
-            run.open_store(self.info.operator_id, partition, name, self.batch.batch)
-                .map_err(state_error)
+        let Step {
+            input,
+            stores,
+            run,
+            batch,
+            watermark: wm,
+        } = step;
+        let [ls, lt, rs, rt] = stores else {
+            return Err(DataFusionError::Internal(
+                "a stream-stream join has four stores".into(),
+            ));
         };
-        let (mut ls, mut lt, mut rs, mut rt) = (
-            open("left")?,
-            open("left-times")?,
-            open("right")?,
-            open("right-times")?,
-        );
-        let l = self.side_rows(&self.left, left_in, late_us)?;
-        let r = self.side_rows(&self.right, right_in, late_us)?;
+        let late_us = wm.late_ms.saturating_mul(1000);
+        let mut input = input.into_iter();
+        let left_in = input.next().unwrap_or_default();
+        let right_in = input.next().unwrap_or_default();
+        let l = self.side_rows(&self.left, &left_in, late_us)?;
+        let r = self.side_rows(&self.right, &right_in, late_us)?;
         let left_schema = self.left.input.schema();
         let right_schema = self.right.input.schema();
         let left_rows = RowConverter::new(row_fields(&left_schema))?;
@@ -786,7 +720,7 @@ impl Inner {
                 &left_rows,
                 &new_left_matched,
                 &mut left_lists,
-                &mut lt,
+                &mut *lt,
                 &mut left_count,
             ),
             (
@@ -795,7 +729,7 @@ impl Inner {
                 &right_rows,
                 &new_right_matched,
                 &mut right_lists,
-                &mut rt,
+                &mut *rt,
                 &mut right_count,
             ),
         ] {
@@ -819,7 +753,7 @@ impl Inner {
                 push_index_row(by_time.entry(time).or_default(), k.data(), i as u32);
                 let list = lists.lists.entry_ref(k.data()).or_default();
                 list.entries.push(Entry {
-                    suffix: suffix(self.batch.batch, i as u32),
+                    suffix: suffix(batch, i as u32),
                     matched: matched[i],
                     time,
                     row: encoded.row(i).as_ref().to_vec(),
@@ -831,7 +765,7 @@ impl Inner {
             let mut index = WriteBatch::new();
             let entries = by_time.len() as i64;
             for (time, rows) in by_time {
-                index.put(index_key(time, self.batch.batch)?, rows);
+                index.put(index_key(time, batch)?, rows);
             }
             time_store
                 .apply(index.with_key_delta(entries))
@@ -856,7 +790,7 @@ impl Inner {
                 &self.left,
                 &ls,
                 &mut left_lists,
-                &mut lt,
+                &mut *lt,
                 &left_rows,
                 &left_schema,
                 &mut left_count,
@@ -865,7 +799,7 @@ impl Inner {
                 &self.right,
                 &rs,
                 &mut right_lists,
-                &mut rt,
+                &mut *rt,
                 &right_rows,
                 &right_schema,
                 &mut right_count,
@@ -879,22 +813,12 @@ impl Inner {
             // watermark, which is at least that limit when the time range contains 0), so the
             // scan starts there; a run's first scan starts at the first event time (past the
             // row count).
-            let floor_id = time_store.id().clone();
             let floor = run
-                .evicted_up_to
-                .lock()
-                .ok()
-                .and_then(|f| f.get(&floor_id).copied())
+                .eviction_floor(time_store.id(), limit)
                 .filter(|_| after <= 0);
-            let range = KeyRange {
-                start: std::ops::Bound::Included(event_time_bound(floor.unwrap_or(i64::MIN))?),
-                end: std::ops::Bound::Excluded(event_time_bound(limit.saturating_add(1))?),
-            };
-            let expired = time_store.scan(&range).map_err(state_error)?;
-            if let Ok(mut f) = run.evicted_up_to.lock() {
-                let e = f.entry(floor_id).or_insert(limit);
-                *e = (*e).max(limit);
-            }
+            let expired = time_store
+                .scan(&times_up_to(floor, limit))
+                .map_err(state_error)?;
             if expired.is_empty() {
                 continue;
             }
@@ -941,49 +865,23 @@ impl Inner {
                 .apply(index.with_key_delta(-n))
                 .map_err(state_error)?;
         }
-        for (time_store, counts) in [(&mut lt, &left_count), (&mut rt, &right_count)] {
+        for (time_store, counts) in [(&mut *lt, &left_count), (&mut *rt, &right_count)] {
             time_store.apply(counts.write()).map_err(state_error)?;
         }
         ls.apply(left_lists.writes()).map_err(state_error)?;
         rs.apply(right_lists.writes()).map_err(state_error)?;
         let removals = removing.elapsed();
 
-        let committing = Instant::now();
-        for s in [&mut ls, &mut lt, &mut rs, &mut rt] {
-            s.commit().map_err(state_error)?;
-        }
-        if partition == 0 {
-            // Crash tests stop here: one partition's state is committed, the others' are not.
-            weir_common::failpoint::pause_point("state_committed", self.batch.batch);
-        }
-        let (lm, rm) = (ls.metrics(), rs.metrics());
-        let (ltm, rtm) = (lt.metrics(), rt.metrics());
-        let mut custom = lm.custom.clone();
-        for (k, v) in rm.custom.into_iter().chain(ltm.custom).chain(rtm.custom) {
-            *custom.entry(k).or_default() += v;
-        }
-        self.batch.record(
-            self.info.operator_id,
-            StateOperatorProgress {
-                operator_name: self.info.operator_name.clone(),
-                // Rows in state, as the index stores count them.
-                num_rows_total: (left_count.rows + right_count.rows).max(0) as u64,
-                num_rows_updated: updated,
-                all_updates_time_ms: updates.as_millis() as u64,
-                num_rows_removed: removed,
-                all_removals_time_ms: removals.as_millis() as u64,
-                commit_time_ms: committing.elapsed().as_millis() as u64,
-                memory_used_bytes: lm.memory_used_bytes
-                    + rm.memory_used_bytes
-                    + ltm.memory_used_bytes
-                    + rtm.memory_used_bytes,
-                num_rows_dropped_by_watermark: l.dropped + r.dropped,
-                num_shuffle_partitions: run.partitions as u64,
-                num_state_store_instances: 4,
-                custom_metrics: custom,
-            },
-        );
-        Ok(concat_batches(&schema, &outputs)?)
+        Ok(Processed {
+            output: concat_batches(&schema, &outputs)?,
+            rows_updated: updated,
+            rows_removed: removed,
+            rows_dropped_by_watermark: l.dropped + r.dropped,
+            // Rows in state, as the index stores count them.
+            rows_in_state: RowsInState::Counted((left_count.rows + right_count.rows).max(0) as u64),
+            updates,
+            removals,
+        })
     }
 
     /// `rows` of one side with nulls for the other side's columns, in the output schema.
@@ -1002,6 +900,80 @@ impl Inner {
             })
             .collect();
         Ok(RecordBatch::try_new(Arc::clone(schema), columns)?)
+    }
+}
+
+/// How a stream-stream join keeps its state (see the module's notes): `read_state` shows a side
+/// store's rows, one each, with that side's columns; repartitioning splits the event-time
+/// indexes' entries, which list rows of many join keys.
+pub(crate) struct JoinFormat;
+
+impl StateFormat for JoinFormat {
+    fn readable(&self, store: &str) -> bool {
+        matches!(store, "left" | "right")
+    }
+
+    fn read_fields(&self, op: &OperatorInfo, store: &str) -> arrow::datatypes::Fields {
+        let prefix = format!("{store}.");
+        op.value_schema
+            .fields()
+            .iter()
+            .filter_map(|f| {
+                let name = f.name().strip_prefix(&prefix)?;
+                Some(Field::new(name, f.data_type().clone(), true))
+            })
+            .collect()
+    }
+
+    fn read_entries(&self, key: &[u8], value: &[u8]) -> Option<Vec<(Vec<u8>, Vec<u8>)>> {
+        Some(
+            stored::side_rows(value)?
+                .into_iter()
+                .map(|row| (key.to_vec(), row))
+                .collect(),
+        )
+    }
+
+    fn placement(&self, store: &str) -> Placement {
+        if stored::is_index(store) {
+            Placement::JoinIndex
+        } else {
+            Placement::ByKey
+        }
+    }
+}
+
+impl StatefulOperator for StreamJoin {
+    fn name(&self) -> &'static str {
+        "StreamStreamJoinExec"
+    }
+
+    fn info(&self) -> &OperatorInfo {
+        &self.info
+    }
+
+    fn schema(&self) -> SchemaRef {
+        Arc::clone(&self.plan.schema)
+    }
+
+    fn inputs(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
+        vec![&self.left.input, &self.right.input]
+    }
+
+    fn shuffle_key(&self, input: usize) -> Result<ShuffleKey> {
+        let side = if input == 0 { &self.left } else { &self.right };
+        Ok(ShuffleKey {
+            exprs: side.keys.clone(),
+            fields: self.key_fields.clone(),
+        })
+    }
+
+    fn process(&self, step: Step<'_>) -> Result<Processed> {
+        self.join(step)
+    }
+
+    fn describe(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "StreamStreamJoinExec: {}", self.plan.join_type)
     }
 }
 
@@ -1035,7 +1007,7 @@ impl ExecutionPlan for StreamJoinExec {
         self: Arc<Self>,
         mut children: Vec<Arc<dyn ExecutionPlan>>,
     ) -> Result<Arc<dyn ExecutionPlan>> {
-        if self.attached.is_some() || children.len() != 2 {
+        if children.len() != 2 {
             return Err(DataFusionError::Internal(
                 "a stream-stream join's inputs cannot be replaced once planned".into(),
             ));
@@ -1057,25 +1029,11 @@ impl ExecutionPlan for StreamJoinExec {
 
     fn execute(
         &self,
-        partition: usize,
-        context: Arc<TaskContext>,
+        _partition: usize,
+        _context: Arc<TaskContext>,
     ) -> Result<SendableRecordBatchStream> {
-        let Some(inner) = self.attached.clone() else {
-            return Err(DataFusionError::Internal(
-                "a stream-stream join ran outside a streaming batch".into(),
-            ));
-        };
-        let schema = Arc::clone(&inner.plan.schema);
-        let run = async move {
-            let shuffled = inner
-                .shuffled
-                .get_or_try_init(|| inner.shuffle(context))
-                .await?;
-            let left = shuffled[0].get(partition).cloned().unwrap_or_default();
-            let right = shuffled[1].get(partition).cloned().unwrap_or_default();
-            let worker = Arc::clone(&inner);
-            on_blocking_pool(move || worker.join_partition(partition, &left, &right)).await
-        };
-        Ok(one_batch_stream(schema, run))
+        Err(DataFusionError::Internal(
+            "a stream-stream join ran outside a streaming batch".into(),
+        ))
     }
 }

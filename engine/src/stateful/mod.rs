@@ -12,7 +12,9 @@
 mod aggregate;
 mod dedupe;
 mod join;
+mod kind;
 mod metadata;
+mod operator;
 mod session;
 mod watermark;
 
@@ -29,20 +31,21 @@ use weir_state::{
     MemoryStateStoreProvider, RocksDbConfig, RocksDbStateStoreProvider, StateStoreProvider,
 };
 
-use aggregate::StatefulAggregateExec;
+use aggregate::StreamingAggregate;
 pub(crate) use metadata::{OperatorInfo, StateLayout, StateMetadata, same_types};
+use operator::StatefulExec;
 
 /// The column an operator's state key starts with when the key has an event-time component
 /// (so that watermark eviction is a range scan); the shuffle key is the rest.
 pub(crate) const EVENT_TIME_KEY: &str = "__event_time_us";
 pub(crate) use join::stored as join_state;
-pub(crate) use session::decode_sessions;
+pub(crate) use kind::{OperatorKind, Placement, decode_rows, value_struct};
 use watermark::WatermarkExec;
 pub(crate) use watermark::{
     EventTimeStats, WeirQueryPlanner, next_watermark_ms, record_event_times,
 };
 
-use crate::progress::StateOperatorProgress;
+use crate::execution::progress::StateOperatorProgress;
 use crate::{Error, Result as EngineResult};
 
 /// Where stateful operators keep their state (Spark's
@@ -141,44 +144,34 @@ fn state_error(e: weir_state::Error) -> datafusion::error::DataFusionError {
     datafusion::error::DataFusionError::External(Box::new(weir_common::ClassifiedError::from(e)))
 }
 
-/// The first bytes of every stored key whose leading event time (Int64 microseconds) is below
-/// `micros`: the bound of a watermark eviction's range scan.
-fn event_time_bound(micros: i64) -> Result<Vec<u8>> {
-    use arrow::row::{RowConverter, SortField};
-    let converter = RowConverter::new(vec![SortField::new(arrow::datatypes::DataType::Int64)])?;
-    let column: arrow::array::ArrayRef = Arc::new(arrow::array::Int64Array::from(vec![micros]));
-    Ok(converter
-        .convert_columns(&[column])?
-        .row(0)
-        .as_ref()
-        .to_vec())
-}
-
 /// The exchange of a stateful operator: runs `input` over all its partitions and splits its
-/// rows by `key_partition` of the arrow-row encoding of columns `keys` (typed `fields`) into
-/// `partitions` buckets, keeping each bucket's rows in arrival order.
+/// rows by `key_partition` of the arrow-row encoding of `key` into `partitions` buckets,
+/// keeping each bucket's rows in arrival order.
 async fn shuffle(
     input: Arc<dyn ExecutionPlan>,
     context: Arc<datafusion::execution::TaskContext>,
-    keys: &[usize],
-    fields: Vec<arrow::row::SortField>,
+    key: &operator::ShuffleKey,
     partitions: usize,
 ) -> Result<Vec<Vec<arrow::array::RecordBatch>>> {
     use arrow::array::UInt32Array;
     use arrow::compute::take_record_batch;
     let collected = datafusion::physical_plan::collect_partitioned(input, context).await?;
-    let converter = arrow::row::RowConverter::new(fields)?;
+    let converter = arrow::row::RowConverter::new(key.fields.clone())?;
     let mut out = vec![vec![]; partitions];
     for batch in collected.into_iter().flatten() {
         if batch.num_rows() == 0 {
             continue;
         }
         let mut indices = vec![vec![]; partitions];
-        if keys.is_empty() {
+        if key.exprs.is_empty() {
             indices[weir_state::key_partition(&[], partitions)] =
                 (0..batch.num_rows() as u32).collect();
         } else {
-            let columns: Vec<_> = keys.iter().map(|&k| Arc::clone(batch.column(k))).collect();
+            let columns = key
+                .exprs
+                .iter()
+                .map(|e| e.evaluate(&batch)?.into_array(batch.num_rows()))
+                .collect::<Result<Vec<_>>>()?;
             let rows = converter.convert_columns(&columns)?;
             for (i, row) in rows.iter().enumerate() {
                 indices[weir_state::key_partition(row.as_ref(), partitions)].push(i as u32);
@@ -204,11 +197,14 @@ pub(crate) struct StateRun {
     pub(crate) output_mode: OutputMode,
     /// Per event-time index store, the time up to which this run has evicted everything: the
     /// next eviction scan starts there instead of wading through the deleted keys below it.
-    pub(crate) evicted_up_to: Mutex<BTreeMap<weir_state::StoreId, i64>>,
+    evicted_up_to: Mutex<BTreeMap<weir_state::StoreId, i64>>,
     /// On an object-store checkpoint: the mirror of the provider's local `state/` folder.
     pub(crate) mirror: Option<crate::checkpoint::state_mirror::StateMirror>,
     /// Where the state of operators a checkpoint reset moved lives, by operator ID.
     layouts: std::sync::RwLock<BTreeMap<u32, StateLayout>>,
+    /// The stores the checkpoint records for each operator, by operator ID: an operator whose
+    /// layout changed since an earlier weir keeps the recorded one where it can.
+    recorded_stores: std::sync::RwLock<BTreeMap<u32, Vec<String>>>,
     /// The local RocksDB instances; declared after `provider` so they are closed first.
     _local: ScratchDir,
     /// The mirror's local folder, removed when the run ends.
@@ -267,6 +263,7 @@ impl StateRun {
             output_mode,
             evicted_up_to: Mutex::new(BTreeMap::new()),
             layouts: std::sync::RwLock::new(BTreeMap::new()),
+            recorded_stores: std::sync::RwLock::new(BTreeMap::new()),
             _mirrored: ScratchDir(mirror.as_ref().map(|m| m.local().to_path_buf())),
             mirror,
             _local: ScratchDir(local),
@@ -275,8 +272,8 @@ impl StateRun {
 }
 
 impl StateRun {
-    /// Takes where each operator's state lives from the checkpoint's record of `operators`,
-    /// before the first batch runs.
+    /// Takes where each operator's state lives, and in which stores, from the checkpoint's
+    /// record of `operators`, before the query is planned.
     pub(crate) fn set_layouts(&self, operators: &[OperatorInfo]) {
         if let Ok(mut l) = self.layouts.write() {
             *l = operators
@@ -284,6 +281,31 @@ impl StateRun {
                 .filter_map(|o| Some((o.operator_id, o.layout?)))
                 .collect();
         }
+        if let Ok(mut s) = self.recorded_stores.write() {
+            *s = operators
+                .iter()
+                .map(|o| (o.operator_id, o.store_names.clone()))
+                .collect();
+        }
+    }
+
+    /// The stores the checkpoint records for operator `operator`, if it records it.
+    pub(crate) fn recorded_stores(&self, operator: u32) -> Option<Vec<String>> {
+        self.recorded_stores
+            .read()
+            .ok()
+            .and_then(|s| s.get(&operator).cloned())
+    }
+
+    /// Where this run's last eviction from index store `id` stopped (`None` the first time),
+    /// moved on to `up_to`: below it the index holds only deleted keys, so an eviction's range
+    /// scan starts there instead of wading through them.
+    pub(crate) fn eviction_floor(&self, id: &weir_state::StoreId, up_to: i64) -> Option<i64> {
+        let mut floors = self.evicted_up_to.lock().ok()?;
+        let floor = floors.get(id).copied();
+        let moved = floors.entry(id.clone()).or_insert(up_to);
+        *moved = (*moved).max(up_to);
+        floor
     }
 
     /// Operator `operator` with its layout, as far as state goes.
@@ -510,9 +532,7 @@ fn rewrite(
         operators.push(OperatorInfo::placeholder());
         let input = rewrite(Arc::clone(d.children()[0]), batch, operators, watermarks)?;
         let exec = d.attach(input, id, Arc::clone(batch))?;
-        if let Some(info) = exec.info() {
-            operators[id as usize] = info.clone();
-        }
+        operators[id as usize] = exec.info().clone();
         return Ok(Arc::new(exec));
     }
     if let Some(j) = plan.downcast_ref::<join::StreamJoinExec>() {
@@ -522,9 +542,7 @@ fn rewrite(
         let left = rewrite(Arc::clone(l), batch, operators, watermarks)?;
         let right = rewrite(Arc::clone(r), batch, operators, watermarks)?;
         let exec = j.attach(left, right, id, Arc::clone(batch))?;
-        if let Some(info) = exec.info() {
-            operators[id as usize] = info.clone();
-        }
+        operators[id as usize] = exec.info().clone();
         return Ok(Arc::new(exec));
     }
     if let Some(agg) = plan.downcast_ref::<AggregateExec>()
@@ -547,13 +565,19 @@ fn rewrite(
             input,
             agg.input_schema(),
         )?;
+        let partitions = batch.run()?.partitions;
         if let Some(key) = session::session_key(&agg)? {
-            let exec =
-                session::SessionWindowAggregateExec::try_new(&agg, key, id, Arc::clone(batch))?;
+            let exec = StatefulExec::new(
+                session::SessionWindowAggregate::try_new(&agg, key, id, partitions)?,
+                Arc::clone(batch),
+            );
             operators[id as usize] = exec.info().clone();
             return Ok(Arc::new(exec));
         }
-        let exec = StatefulAggregateExec::try_new(&agg, id, Arc::clone(batch))?;
+        let exec = StatefulExec::new(
+            StreamingAggregate::try_new(&agg, id, partitions)?,
+            Arc::clone(batch),
+        );
         operators[id as usize] = exec.info().clone();
         return Ok(Arc::new(exec));
     }

@@ -6,7 +6,7 @@
 //! AggregateExec(Partial)                 DataFusion's: group keys + each row's own session
 //!                                        (`__session_window`) + accumulator state
 //!   └─ shuffle                           by the group keys without the session
-//! SessionWindowAggregateExec, partition p
+//! StatefulExec<SessionWindowAggregate>, partition p (see `operator.rs` for the shell)
 //!                                        multi_get the batch's keys' sessions ("sessions")
 //!                                        sort stored and new sessions by start, merge those
 //!                                        that overlap or touch (start <= end so far), merge
@@ -34,35 +34,26 @@ use arrow::array::{
 use arrow::compute::{concat, take_record_batch};
 use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use arrow::row::{RowConverter, SortField};
-use datafusion::common::tree_node::TreeNodeRecursion;
 use datafusion::error::{DataFusionError, Result};
-use datafusion::execution::{SendableRecordBatchStream, TaskContext};
 use datafusion::logical_expr::EmitTo;
+use datafusion::physical_expr::ScalarFunctionExpr;
 use datafusion::physical_expr::expressions::Column;
-use datafusion::physical_expr::{EquivalenceProperties, ScalarFunctionExpr};
 use datafusion::physical_plan::aggregates::AggregateExec;
-use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
 use datafusion::physical_plan::projection::ProjectionExec;
-use datafusion::physical_plan::{
-    DisplayAs, DisplayFormatType, ExecutionPlan, Partitioning, PhysicalExpr, PlanProperties,
-};
-use tokio::sync::OnceCell;
+use datafusion::physical_plan::{ExecutionPlan, PhysicalExpr};
 use weir_planner::session_window::SESSION_WINDOW_COLUMN;
 use weir_sinks::OutputMode;
+use weir_state::table::{after_time, time_key_with, times_up_to};
 use weir_state::{KeyRange, StateStore, WriteBatch};
 
 use super::aggregate::{Aggregates, partial_of, without_positions};
+use super::kind::{OperatorKind, Placement, StateFormat, decode_rows};
+use super::operator::{Processed, RowsInState, ShuffleKey, StatefulOperator, Step};
 use super::watermark::event_micros;
-use super::{
-    BatchState, OperatorInfo, event_time_bound, on_blocking_pool, one_batch_stream, state_error,
-    watermark_columns,
-};
-use crate::progress::StateOperatorProgress;
+use super::{OperatorInfo, state_error, watermark_columns};
 
 const SESSIONS: &str = "sessions";
 const BY_END: &str = "sessions-by-end";
-/// Bytes of an arrow-row encoded Int64 (the index key's leading end time).
-const TIME_PREFIX: usize = 9;
 
 /// The position of the session key among `agg`'s partial aggregate's group columns, when `agg`
 /// is a session-window aggregation.
@@ -105,7 +96,7 @@ pub(crate) struct Session {
 }
 
 /// A group key's sessions as the "sessions" store keeps them; `None` if damaged.
-pub(crate) fn decode_sessions(v: &[u8]) -> Option<Vec<Session>> {
+fn decode_sessions(v: &[u8]) -> Option<Vec<Session>> {
     let mut rest = v;
     let mut out = vec![];
     while !rest.is_empty() {
@@ -151,7 +142,9 @@ struct KeySessions {
     sessions: Vec<Session>,
 }
 
-struct Inner {
+/// A session-window aggregation: DataFusion's final aggregate over session windows, with each
+/// group's sessions kept across batches.
+pub(crate) struct SessionWindowAggregate {
     /// DataFusion's partial aggregate of the batch: group columns (one of them each row's
     /// session), then each aggregate's state.
     partial: Arc<dyn ExecutionPlan>,
@@ -167,33 +160,16 @@ struct Inner {
     value_fields: Vec<SortField>,
     schema: SchemaRef,
     info: OperatorInfo,
-    batch: Arc<BatchState>,
-    shuffled: OnceCell<Vec<Vec<RecordBatch>>>,
 }
 
-/// The stateful final aggregate of a session-window aggregation; one output partition per
-/// shuffle partition.
-pub(crate) struct SessionWindowAggregateExec {
-    inner: Arc<Inner>,
-    properties: Arc<PlanProperties>,
-}
-
-impl fmt::Debug for SessionWindowAggregateExec {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("SessionWindowAggregateExec")
-            .field("operator", &self.inner.info.operator_id)
-            .finish()
-    }
-}
-
-impl SessionWindowAggregateExec {
+impl SessionWindowAggregate {
     /// Replaces DataFusion's aggregate `agg`, grouped by a session window at `session` among
-    /// its group columns, as stateful operator `id`.
+    /// its group columns, as stateful operator `id` over `partitions` shuffle partitions.
     pub(crate) fn try_new(
         agg: &AggregateExec,
         session: usize,
         id: u32,
-        batch: Arc<BatchState>,
+        partitions: usize,
     ) -> Result<Self> {
         let partial = partial_of(agg)?;
         let Some(partial_agg) = partial.downcast_ref::<AggregateExec>() else {
@@ -246,10 +222,9 @@ impl SessionWindowAggregateExec {
             })
             .collect();
         fingerprint.extend(aggregates.fingerprint().iter().cloned());
-        let partitions = batch.run()?.partitions;
         let info = OperatorInfo {
             operator_id: id,
-            operator_name: "sessionWindowAggregate".into(),
+            operator_name: OperatorKind::SessionWindowAggregate.name().into(),
             num_partitions: partitions,
             store_names: vec![SESSIONS.into(), BY_END.into()],
             key_schema: key_schema.clone(),
@@ -257,45 +232,26 @@ impl SessionWindowAggregateExec {
             fingerprint,
             layout: None,
         };
-        let schema = agg.schema();
-        let properties = Arc::new(PlanProperties::new(
-            EquivalenceProperties::new(Arc::clone(&schema)),
-            Partitioning::UnknownPartitioning(partitions),
-            EmissionType::Final,
-            Boundedness::Bounded,
-        ));
         Ok(Self {
-            inner: Arc::new(Inner {
-                partial,
-                num_group,
-                session,
-                aggregates,
-                watermarked,
-                key_fields: sort_fields(key_schema.fields()),
-                value_fields: sort_fields(&state_fields),
-                schema,
-                info,
-                batch,
-                shuffled: OnceCell::new(),
-            }),
-            properties,
+            partial,
+            num_group,
+            session,
+            aggregates,
+            watermarked,
+            key_fields: sort_fields(key_schema.fields()),
+            value_fields: sort_fields(&state_fields),
+            schema: agg.schema(),
+            info,
         })
-    }
-
-    /// The operator as the checkpoint records it.
-    pub(crate) fn info(&self) -> &OperatorInfo {
-        &self.inner.info
     }
 }
 
 /// The index key of a session of `key` ending at `end`.
 fn index_key(end: i64, key: &[u8]) -> Result<Vec<u8>> {
-    let mut k = event_time_bound(end)?;
-    k.extend_from_slice(key);
-    Ok(k)
+    Ok(time_key_with(end, key))
 }
 
-impl Inner {
+impl SessionWindowAggregate {
     /// The group columns without the session.
     fn key_columns<'a>(&self, batch: &'a RecordBatch) -> Vec<&'a ArrayRef> {
         batch.columns()[..self.num_group]
@@ -304,18 +260,6 @@ impl Inner {
             .filter(|(i, _)| *i != self.session)
             .map(|(_, c)| c)
             .collect()
-    }
-
-    async fn shuffle(&self, context: Arc<TaskContext>) -> Result<Vec<Vec<RecordBatch>>> {
-        let keys: Vec<usize> = (0..self.num_group).filter(|&i| i != self.session).collect();
-        super::shuffle(
-            Arc::clone(&self.partial),
-            context,
-            &keys,
-            self.key_fields.clone(),
-            self.batch.run()?.partitions,
-        )
-        .await
     }
 
     /// The output rows of `sessions`: (group key, start, end, state row).
@@ -396,19 +340,23 @@ impl Inner {
         Ok(())
     }
 
-    /// Merges partition `partition`'s partial rows into its stored sessions, evicts and emits
-    /// by output mode, writes the new state and commits both stores.
-    fn merge_partition(&self, partition: usize, input: &[RecordBatch]) -> Result<RecordBatch> {
+    /// Merges a partition's partial rows into its stored sessions, evicts and emits by output
+    /// mode, and writes the new state to both stores.
+    fn merge(&self, step: Step<'_>) -> Result<Processed> {
         let started = Instant::now();
-        let run = self.batch.run()?;
-        let watermark = self.batch.watermark;
-        let op = self.info.operator_id;
-        let mut store = run
-            .open_store(op, partition, SESSIONS, self.batch.batch)
-            .map_err(state_error)?;
-        let mut index = run
-            .open_store(op, partition, BY_END, self.batch.batch)
-            .map_err(state_error)?;
+        let Step {
+            input,
+            stores,
+            run,
+            watermark,
+            ..
+        } = step;
+        let [store, index] = stores else {
+            return Err(DataFusionError::Internal(
+                "a session-window aggregation has two stores".into(),
+            ));
+        };
+        let input = input.into_iter().next().unwrap_or_default();
         let keys_conv = RowConverter::new(self.key_fields.clone())?;
         let values = RowConverter::new(self.value_fields.clone())?;
 
@@ -418,7 +366,7 @@ impl Inner {
         let mut dropped = 0u64;
         let mut rows: Vec<(Vec<u8>, i64, i64)> = vec![];
         let mut row_state: Vec<Vec<ArrayRef>> = vec![];
-        for batch in input {
+        for batch in &input {
             let session = batch
                 .column(self.session)
                 .as_any()
@@ -552,27 +500,13 @@ impl Inner {
         let mut evicted: Vec<(Vec<u8>, Session)> = vec![];
         if self.watermarked && run.output_mode == OutputMode::Append {
             let wm_us = watermark.eviction_ms.saturating_mul(1000);
-            let floor_id = index.id().clone();
-            let floor = run
-                .evicted_up_to
-                .lock()
-                .ok()
-                .and_then(|f| f.get(&floor_id).copied());
-            let range = KeyRange {
-                start: match floor {
-                    Some(f) => std::ops::Bound::Included(event_time_bound(f)?),
-                    None => std::ops::Bound::Unbounded,
-                },
-                end: std::ops::Bound::Excluded(event_time_bound(wm_us.saturating_add(1))?),
-            };
-            let expired = index.scan(&range).map_err(state_error)?;
-            if let Ok(mut f) = run.evicted_up_to.lock() {
-                let e = f.entry(floor_id).or_insert(wm_us);
-                *e = (*e).max(wm_us);
-            }
+            let floor = run.eviction_floor(index.id(), wm_us);
+            let expired = index
+                .scan(&times_up_to(floor, wm_us))
+                .map_err(state_error)?;
             let mut keys = vec![];
             for (k, _) in expired {
-                let key = k.get(TIME_PREFIX..).ok_or_else(|| corrupt(BY_END))?;
+                let key = after_time(&k).ok_or_else(|| corrupt(BY_END))?;
                 keys.push(key.to_vec());
             }
             self.load(store.as_ref(), keys, &mut by_key)?;
@@ -649,99 +583,107 @@ impl Inner {
             }
         };
 
-        let committing = Instant::now();
-        store.commit().map_err(state_error)?;
-        index.commit().map_err(state_error)?;
-        if partition == 0 {
-            // Crash tests stop here: one partition's state is committed, the others' are not.
-            weir_common::failpoint::pause_point("state_committed", self.batch.batch);
-        }
-        let (sm, im) = (store.metrics(), index.metrics());
-        let mut custom = sm.custom.clone();
-        for (k, v) in im.custom {
-            *custom.entry(k).or_default() += v;
-        }
-        self.batch.record(
-            op,
-            StateOperatorProgress {
-                operator_name: self.info.operator_name.clone(),
-                // Sessions in state: one index entry each.
-                num_rows_total: im.num_keys,
-                num_rows_updated: updated,
-                all_updates_time_ms: updates.as_millis() as u64,
-                num_rows_removed: removed,
-                all_removals_time_ms: removals.as_millis() as u64,
-                num_rows_dropped_by_watermark: dropped,
-                commit_time_ms: committing.elapsed().as_millis() as u64,
-                memory_used_bytes: sm.memory_used_bytes + im.memory_used_bytes,
-                num_shuffle_partitions: run.partitions as u64,
-                num_state_store_instances: 2,
-                custom_metrics: custom,
-            },
-        );
-        Ok(output)
+        Ok(Processed {
+            output,
+            rows_updated: updated,
+            rows_removed: removed,
+            rows_dropped_by_watermark: dropped,
+            // Sessions in state: one index entry each.
+            rows_in_state: RowsInState::KeysOf(1),
+            updates,
+            removals,
+        })
     }
 }
 
-impl DisplayAs for SessionWindowAggregateExec {
-    fn fmt_as(&self, _t: DisplayFormatType, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "SessionWindowAggregateExec: operator={}, {}",
-            self.inner.info.operator_id,
-            self.inner.info.fingerprint.join(", ")
+/// How a session-window aggregation keeps its state (see the module's notes): `read_state`
+/// shows one row per session, its bounds (µs) then its accumulators' state; repartitioning
+/// places an index entry by the group key after its end time.
+pub(crate) struct SessionFormat;
+
+impl StateFormat for SessionFormat {
+    fn readable(&self, store: &str) -> bool {
+        store == SESSIONS
+    }
+
+    fn read_entries(&self, key: &[u8], value: &[u8]) -> Option<Vec<(Vec<u8>, Vec<u8>)>> {
+        Some(
+            decode_sessions(value)?
+                .into_iter()
+                .map(|s| {
+                    let mut value = s.start.to_be_bytes().to_vec();
+                    value.extend(s.end.to_be_bytes());
+                    value.extend(s.state);
+                    (key.to_vec(), value)
+                })
+                .collect(),
         )
     }
+
+    fn decode_values(
+        &self,
+        fields: &arrow::datatypes::Fields,
+        values: &[&[u8]],
+    ) -> Result<Vec<ArrayRef>> {
+        let bound = |at: usize| -> arrow::array::Int64Array {
+            values
+                .iter()
+                .map(|v| {
+                    v.get(at..at + 8)
+                        .and_then(|b| <[u8; 8]>::try_from(b).ok())
+                        .map(i64::from_be_bytes)
+                })
+                .collect()
+        };
+        let state_fields: arrow::datatypes::Fields = fields.iter().skip(2).cloned().collect();
+        let states: Vec<&[u8]> = values.iter().map(|v| v.get(16..).unwrap_or(&[])).collect();
+        let mut columns: Vec<ArrayRef> = vec![Arc::new(bound(0)), Arc::new(bound(8))];
+        columns.extend(decode_rows(&state_fields, &states)?);
+        Ok(columns)
+    }
+
+    fn placement(&self, store: &str) -> Placement {
+        if store == BY_END {
+            Placement::ByKeyAfterTime
+        } else {
+            Placement::ByKey
+        }
+    }
 }
 
-impl ExecutionPlan for SessionWindowAggregateExec {
-    fn name(&self) -> &str {
+impl StatefulOperator for SessionWindowAggregate {
+    fn name(&self) -> &'static str {
         "SessionWindowAggregateExec"
     }
 
-    fn properties(&self) -> &Arc<PlanProperties> {
-        &self.properties
+    fn info(&self) -> &OperatorInfo {
+        &self.info
     }
 
-    fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
-        vec![&self.inner.partial]
+    fn schema(&self) -> SchemaRef {
+        Arc::clone(&self.schema)
     }
 
-    fn apply_expressions(
-        &self,
-        _f: &mut dyn FnMut(&Arc<dyn PhysicalExpr>) -> Result<TreeNodeRecursion>,
-    ) -> Result<TreeNodeRecursion> {
-        Ok(TreeNodeRecursion::Continue)
+    fn inputs(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
+        vec![&self.partial]
     }
 
-    fn with_new_children(
-        self: Arc<Self>,
-        children: Vec<Arc<dyn ExecutionPlan>>,
-    ) -> Result<Arc<dyn ExecutionPlan>> {
-        match children.as_slice() {
-            [only] if Arc::ptr_eq(only, &self.inner.partial) => Ok(self),
-            _ => Err(DataFusionError::Internal(
-                "a session-window aggregation's input cannot be replaced once planned".into(),
-            )),
-        }
+    fn shuffle_key(&self, _input: usize) -> Result<ShuffleKey> {
+        let keys: Vec<usize> = (0..self.num_group).filter(|&i| i != self.session).collect();
+        Ok(ShuffleKey::columns(&self.partial.schema(), &keys))
     }
 
-    fn execute(
-        &self,
-        partition: usize,
-        context: Arc<TaskContext>,
-    ) -> Result<SendableRecordBatchStream> {
-        let inner = Arc::clone(&self.inner);
-        let run = async move {
-            let shuffled = inner
-                .shuffled
-                .get_or_try_init(|| inner.shuffle(context))
-                .await?;
-            let input = shuffled.get(partition).cloned().unwrap_or_default();
-            let worker = Arc::clone(&inner);
-            on_blocking_pool(move || worker.merge_partition(partition, &input)).await
-        };
-        Ok(one_batch_stream(Arc::clone(&self.inner.schema), run))
+    fn process(&self, step: Step<'_>) -> Result<Processed> {
+        self.merge(step)
+    }
+
+    fn describe(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "SessionWindowAggregateExec: operator={}, {}",
+            self.info.operator_id,
+            self.info.fingerprint.join(", ")
+        )
     }
 }
 
@@ -775,6 +717,5 @@ mod tests {
             (20, 30, 0)
         );
         assert!(decode_sessions(&bytes[..bytes.len() - 1]).is_none());
-        assert_eq!(TIME_PREFIX, event_time_bound(0).unwrap().len());
     }
 }

@@ -13,6 +13,41 @@ use std::time::{Duration, Instant};
 use weir::WeirSession;
 use weir::datafusion::arrow::util::display::array_value_to_string;
 
+/// Tests of `$body`, an `async fn(StateBackend)`, on each state backend: `$name::on_rocksdb`
+/// and `$name::in_memory`.
+macro_rules! on_each_backend {
+    ($name:ident, $body:ident) => {
+        mod $name {
+            #[tokio::test]
+            async fn on_rocksdb() {
+                super::$body(weir::StateBackend::default()).await;
+            }
+
+            #[tokio::test]
+            async fn in_memory() {
+                super::$body(weir::StateBackend::Memory).await;
+            }
+        }
+    };
+}
+pub(crate) use on_each_backend;
+
+/// The `weir` binary under test: the one place the tests start the CLI.
+pub fn weir_command() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_weir"))
+}
+
+/// Runs `weir args...` to its end: whether it succeeded, its standard output and its standard
+/// error.
+pub fn weir(args: &[&str]) -> (bool, String, String) {
+    let out = weir_command().args(args).output().expect("start weir");
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
 /// Runs `weir run -e sql --checkpoint ck` until it reports the pause point `stage` of `batch`
 /// (`WEIR_TEST_PAUSE_AT`), then SIGKILLs it.
 pub fn run_and_kill_at(sql: &str, ck: &str, stage: &str, batch: u64) {
@@ -45,7 +80,7 @@ pub fn run_and_kill_at_with_env(
 
 /// Runs `weir <args>` until it reports the pause point `stage` of `batch`, then SIGKILLs it.
 pub fn kill_at(args: &[&str], stage: &str, batch: u64, env: &[(String, String)]) {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_weir"))
+    let mut child = weir_command()
         .args(args)
         .env("WEIR_TEST_PAUSE_AT", format!("{stage}:{batch}"))
         .envs(env.iter().map(|(k, v)| (k.as_str(), v.as_str())))

@@ -8,7 +8,7 @@ use std::time::Duration;
 use tokio::sync::Notify;
 use uuid::Uuid;
 
-use crate::listener::{Event, ListenerBus, StreamingQueryListener};
+use crate::execution::listener::{Event, ListenerBus, StreamingQueryListener};
 use crate::{Error, StreamingQueryProgress};
 
 /// How many progress records a query keeps (`spark.sql.streaming.numRecentProgressUpdates`).

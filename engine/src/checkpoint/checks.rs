@@ -8,7 +8,7 @@ use datafusion::logical_expr::LogicalPlan;
 use weir_planner::StreamingTable;
 
 use crate::checkpoint::RestartPoint;
-use crate::source_evolution::{QuerySource, SOURCE_EVOLUTION};
+use crate::checkpoint::source_evolution::{QuerySource, SOURCE_EVOLUTION};
 use crate::stateful::{
     BatchState, BatchWatermark, OperatorInfo, StateBackend, StateMetadata, StateRun, plan_stateful,
 };
@@ -16,7 +16,7 @@ use crate::{Checkpoint, Error, Result};
 
 /// The restart rule for sources: by position, or by name with source evolution (which must be
 /// on or off as when the checkpoint was created). Returns the names the query no longer has.
-pub(super) async fn check_restart_sources(
+pub(crate) async fn check_restart_sources(
     checkpoint: &Checkpoint,
     restart: Option<&RestartPoint>,
     sources: &[QuerySource],
@@ -25,7 +25,7 @@ pub(super) async fn check_restart_sources(
     let Some(r) = restart else {
         return Ok(vec![]);
     };
-    crate::source_evolution::check_setting(r.logged_conf(SOURCE_EVOLUTION), evolution)?;
+    crate::checkpoint::source_evolution::check_setting(r.logged_conf(SOURCE_EVOLUTION), evolution)?;
     if !evolution {
         let identities: Vec<String> = sources.iter().map(|s| s.identity.clone()).collect();
         r.check_sources(&identities)?;
@@ -33,11 +33,11 @@ pub(super) async fn check_restart_sources(
     }
     let (batch, entry) = r.entry();
     let removed = checkpoint.removed_sources().await?;
-    crate::source_evolution::check_named(&entry.sources, batch, sources, &removed)
+    crate::checkpoint::source_evolution::check_named(&entry.sources, batch, sources, &removed)
 }
 
 /// The last committed batch and the batch a restart runs first.
-pub(super) fn next_batch(restart: Option<&RestartPoint>) -> (Option<u64>, u64) {
+pub(crate) fn next_batch(restart: Option<&RestartPoint>) -> (Option<u64>, u64) {
     match restart {
         None => (None, 0),
         Some(RestartPoint::After { last, .. }) => (Some(*last), last + 1),
@@ -48,7 +48,7 @@ pub(super) fn next_batch(restart: Option<&RestartPoint>) -> (Option<u64>, u64) {
 /// Plans the query once without rows to learn its stateful operators, and refuses it when the
 /// checkpoint's state (`stored`, its record of them) cannot serve them (DESIGN.md §6). Nothing
 /// is executed.
-pub(super) async fn check_state(
+pub(crate) async fn check_state(
     state: &datafusion::execution::SessionState,
     plan: &LogicalPlan,
     tables: &[Arc<StreamingTable>],
@@ -63,7 +63,7 @@ pub(super) async fn check_state(
 }
 
 /// The stateful operators the query plans, learnt by planning it once without rows.
-pub(super) async fn planned_operators(
+pub(crate) async fn planned_operators(
     state: &datafusion::execution::SessionState,
     plan: &LogicalPlan,
     tables: &[Arc<StreamingTable>],
@@ -87,7 +87,7 @@ pub(super) async fn planned_operators(
 
 /// The restart rule for stateful operators: `stored` is the checkpoint's record of them, and
 /// `committed` says whether some batch committed.
-pub(super) fn check_operators(
+pub(crate) fn check_operators(
     stored: Option<&StateMetadata>,
     operators: &[OperatorInfo],
     committed: bool,
@@ -105,7 +105,7 @@ pub(super) fn check_operators(
 }
 
 /// Refuses a checkpoint with committed batches whose state was kept in memory.
-pub(super) fn check_state_durable(backend: &str, committed: bool) -> Result<()> {
+pub(crate) fn check_state_durable(backend: &str, committed: bool) -> Result<()> {
     if committed && backend == StateBackend::Memory.name() {
         return Err(Error::user(
             "STATE_STORE_NOT_DURABLE",
@@ -123,7 +123,7 @@ pub(super) fn check_state_durable(backend: &str, committed: bool) -> Result<()> 
 /// batches went (their output would be split between two places), and records the sink.
 /// Writing to a sink without an identity (console, Kafka, foreach-batch) after a file sink is
 /// allowed, as Spark allows a file sink changed to Kafka; the reverse is refused.
-pub(super) async fn check_sink(
+pub(crate) async fn check_sink(
     checkpoint: &Checkpoint,
     now: &crate::checkpoint::SinkRecord,
     logged: bool,
@@ -160,9 +160,9 @@ pub(crate) async fn check_sink_batches(
         query_id: &query_id,
         last_committed: last_committed.filter(|_| every_batch),
         last_planned: restart.map(RestartPoint::last_planned),
-        every_batch_recorded: super::created_with(
+        every_batch_recorded: crate::api::created_with(
             restart.map(RestartPoint::logged),
-            super::EVERY_BATCH_RECORDED,
+            crate::api::EVERY_BATCH_RECORDED,
         ),
     })
     .await?;

@@ -24,20 +24,19 @@ use weir_sinks::{
 };
 use weir_sources::{MemoryStream, MemoryStreamProvider, SourceRegistry};
 
-mod checks;
-mod replay;
-mod tools;
+pub(crate) mod memory_table;
+pub(crate) mod script;
 
-pub use replay::{ReplayReport, ReplayedSource};
+pub use crate::tools::replay::{ReplayReport, ReplayedSource};
 
-use checks::{
+use crate::checkpoint::checks::{
     check_restart_sources, check_sink, check_sink_batches, check_sink_query_id, check_state,
     check_state_durable, partitions_for,
 };
 
 use crate::checkpoint::RestartPoint;
+use crate::checkpoint::source_evolution::{QuerySource, SOURCE_EVOLUTION};
 use crate::execution::{Execution, NO_DATA_PROGRESS_INTERVAL};
-use crate::source_evolution::{QuerySource, SOURCE_EVOLUTION};
 use crate::stateful::{StateBackend, StateMetadata, StateRun, WeirQueryPlanner};
 
 /// A RocksDB setting given as a writer option.
@@ -91,8 +90,8 @@ pub(crate) fn created_with(conf: Option<&BTreeMap<String, String>>, key: &str) -
     conf.is_none_or(|c| c.get(key).is_some_and(|v| v == "true"))
 }
 
-use crate::memory_table::MemorySinkTable;
-use crate::query::{Shared, StreamingQuery, StreamingQueryManager};
+use crate::api::memory_table::MemorySinkTable;
+use crate::execution::query::{Shared, StreamingQuery, StreamingQueryManager};
 use crate::{Checkpoint, Error, Result, Trigger};
 
 /// A weir session: a DataFusion `SessionContext` that also knows streams, sinks and running
@@ -103,16 +102,16 @@ pub struct WeirSession {
 }
 
 pub(crate) struct SessionInner {
-    ctx: SessionContext,
-    catalog: Arc<StreamCatalog>,
-    sinks: RwLock<SinkRegistry>,
-    manager: StreamingQueryManager,
+    pub(crate) ctx: SessionContext,
+    pub(crate) catalog: Arc<StreamCatalog>,
+    pub(crate) sinks: RwLock<SinkRegistry>,
+    pub(crate) manager: StreamingQueryManager,
     /// `CREATE STREAMING TABLE` declarations without a query, by lower-case name.
     pub(crate) declared: Mutex<BTreeMap<String, weir_planner::statement::CreateStreamingTable>>,
     /// The state store queries started in this session use unless they say otherwise.
-    state_backend: RwLock<StateBackend>,
+    pub(crate) state_backend: RwLock<StateBackend>,
     /// The in-memory state of this session's running queries, for `read_state`.
-    live_states: Arc<crate::state_reader::LiveStates>,
+    pub(crate) live_states: Arc<crate::tools::state_reader::LiveStates>,
 }
 
 impl std::fmt::Debug for SessionInner {
@@ -166,19 +165,19 @@ impl WeirSession {
             );
             let ctx = SessionContext::new_with_state(state);
             ctx.register_udf(weir_planner::window::window_udf());
-            let live_states = Arc::new(crate::state_reader::LiveStates::default());
+            let live_states = Arc::new(crate::tools::state_reader::LiveStates::default());
             ctx.register_udtf(
                 "read_state_metadata",
-                Arc::new(crate::state_reader::ReadStateMetadata::new(Arc::clone(
-                    &live_states,
-                ))),
+                Arc::new(crate::tools::state_reader::ReadStateMetadata::new(
+                    Arc::clone(&live_states),
+                )),
             );
             ctx.register_udf(weir_planner::session_window::session_window_udf());
             let _ = ctx.register_relation_planner(Arc::new(StreamRelationPlanner::new(
                 Arc::clone(&catalog),
             )));
             let _ = ctx.register_relation_planner(Arc::new(
-                crate::state_reader::StateReaderPlanner::new(Arc::clone(&live_states)),
+                crate::tools::state_reader::StateReaderPlanner::new(Arc::clone(&live_states)),
             ));
             SessionInner {
                 live_states,
@@ -439,30 +438,30 @@ impl DataFrameStreamExt for DataFrame {
 
 /// Configures and starts a streaming query (Spark's `DataStreamWriter`).
 pub struct DataStreamWriter {
-    session: Arc<SessionInner>,
-    plan: LogicalPlan,
-    format: String,
-    options: Options,
-    output_mode: OutputMode,
-    trigger: Trigger,
-    checkpoint: Option<String>,
-    query_name: Option<String>,
-    foreach: Option<ForeachBatchFn>,
-    max_batches: Option<u64>,
-    min_batches_to_retain: u64,
-    no_data_progress_interval: Duration,
-    state_backend: StateBackend,
-    allow_state_definition_change: bool,
+    pub(crate) session: Arc<SessionInner>,
+    pub(crate) plan: LogicalPlan,
+    pub(crate) format: String,
+    pub(crate) options: Options,
+    pub(crate) output_mode: OutputMode,
+    pub(crate) trigger: Trigger,
+    pub(crate) checkpoint: Option<String>,
+    pub(crate) query_name: Option<String>,
+    pub(crate) foreach: Option<ForeachBatchFn>,
+    pub(crate) max_batches: Option<u64>,
+    pub(crate) min_batches_to_retain: u64,
+    pub(crate) no_data_progress_interval: Duration,
+    pub(crate) state_backend: StateBackend,
+    pub(crate) allow_state_definition_change: bool,
     /// With several watermarks, the query's is their maximum rather than their minimum.
-    max_watermark: bool,
+    pub(crate) max_watermark: bool,
     /// Asynchronous state checkpointing (RocksDB only).
-    async_state_checkpoint: bool,
+    pub(crate) async_state_checkpoint: bool,
     /// RocksDB settings given as options (`stateStore.rocksdb.*`), applied at start.
     rocksdb_options: Vec<(RocksDbSetting, usize)>,
     /// A malformed writer-level option, reported by `start`.
-    invalid: Option<Error>,
+    pub(crate) invalid: Option<Error>,
     /// Source evolution: sources are named and their offsets kept by name.
-    source_evolution: bool,
+    pub(crate) source_evolution: bool,
 }
 
 impl std::fmt::Debug for DataStreamWriter {
@@ -558,7 +557,7 @@ impl DataStreamWriter {
             if let Some(b) = self.flag(key, &value) {
                 self.allow_state_definition_change = b;
             }
-        } else if crate::source_evolution::OPTION_KEYS
+        } else if crate::checkpoint::source_evolution::OPTION_KEYS
             .iter()
             .any(|k| k.eq_ignore_ascii_case(key))
         {
@@ -680,7 +679,7 @@ impl DataStreamWriter {
 
     /// Rewrites the plan for streaming, checks it, and creates the sink; nothing is opened or
     /// written.
-    fn plan_query(&mut self) -> Result<Planned> {
+    pub(crate) fn plan_query(&mut self) -> Result<Planned> {
         if let Some(e) = self.invalid.take() {
             return Err(e);
         }
@@ -729,7 +728,7 @@ impl DataStreamWriter {
                 identity: t.source().identity(),
             })
             .collect();
-        crate::source_evolution::check_names(&sources, self.source_evolution)?;
+        crate::checkpoint::source_evolution::check_names(&sources, self.source_evolution)?;
         Ok(Planned {
             sources,
             plan,
@@ -938,6 +937,9 @@ impl DataStreamWriter {
                 self.output_mode,
             )?);
             let committed = restart.as_ref().is_some_and(|r| r.has_committed_batches());
+            if let Some(stored) = &stored_state {
+                run.set_layouts(&stored.operators);
+            }
             let operators = check_state(
                 &state,
                 &plan,
@@ -948,9 +950,6 @@ impl DataStreamWriter {
                 self.allow_state_definition_change,
             )
             .await?;
-            if let Some(stored) = &stored_state {
-                run.set_layouts(&stored.operators);
-            }
             if stored_state.is_none() && !operators.is_empty() {
                 checkpoint
                     .write_state_metadata(&StateMetadata {
@@ -962,7 +961,7 @@ impl DataStreamWriter {
             // The state the first batch reads, rebuilt and so checked before anything is
             // written (blocking work: RocksDB and the checkpoint's files).
             if committed {
-                let (_, first) = checks::next_batch(restart.as_ref());
+                let (_, first) = crate::checkpoint::checks::next_batch(restart.as_ref());
                 let (run, ops) = (Arc::clone(&run), operators.clone());
                 tokio::task::spawn_blocking(move || run.prepare(&ops, first))
                     .await

@@ -15,8 +15,8 @@ use serde::Serialize;
 use uuid::Uuid;
 use weir_common::Location;
 
-use super::{Checkpoint, Resume};
 use crate::Result;
+use crate::checkpoint::{self, Checkpoint, Resume};
 
 /// What a checkpoint holds.
 #[derive(Debug, Clone, Serialize)]
@@ -27,7 +27,7 @@ pub struct CheckpointReport {
     /// The query's ID.
     pub query_id: Uuid,
     /// The sink the batches were written to, as recorded.
-    pub sink: Option<super::SinkRecord>,
+    pub sink: Option<checkpoint::SinkRecord>,
     /// Batch IDs with an offsets entry: the first and the last (`None` when there is none).
     pub offsets: Option<(u64, u64)>,
     /// The last batch with a commits entry.
@@ -183,7 +183,11 @@ pub async fn inspect(location: Location) -> Result<CheckpointReport> {
                 .map(|r| r.end.0.clone()),
         })
         .collect();
-    let files = ck.location().child(super::STATE).list_all_sized().await?;
+    let files = ck
+        .location()
+        .child(checkpoint::STATE)
+        .list_all_sized()
+        .await?;
     let operators = match ck.read_state_metadata().await? {
         None => vec![],
         Some(m) => m
@@ -294,7 +298,7 @@ impl CheckpointReport {
             let _ = writeln!(
                 out,
                 "watermark       {w} ms ({})",
-                crate::progress::format_timestamp(w)
+                crate::execution::progress::format_timestamp(w)
             );
         }
         let _ = writeln!(out, "\nsources");

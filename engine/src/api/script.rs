@@ -9,7 +9,7 @@ use weir_planner::is_streaming;
 use weir_planner::statement::{CreateStreamingTable, Statement, parse_script};
 use weir_sinks::OutputMode;
 
-use crate::session::DataStreamWriter;
+use crate::api::DataStreamWriter;
 use crate::{Error, Result, StreamingQuery, Trigger, WeirSession};
 
 /// Settings that apply to every streaming query a script starts (the CLI's flags). Each wins
@@ -41,7 +41,7 @@ pub enum StatementResult {
     Validated(Box<crate::ValidationReport>),
     /// It was a streaming query whose checkpoint was fitted to it, not started
     /// ([`WeirSession::reset_script`]).
-    Reset(Box<crate::checkpoint::reset::ResetReport>),
+    Reset(Box<crate::tools::reset::ResetReport>),
     /// It was a streaming query whose batch was run again read-only
     /// ([`WeirSession::replay_script`]).
     Replayed(Box<crate::ReplayReport>),

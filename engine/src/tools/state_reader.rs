@@ -31,8 +31,8 @@ use datafusion::sql::sqlparser::ast::{
 use weir_common::{ClassifiedError, Location};
 
 use crate::checkpoint::Checkpoint;
-use crate::checkpoint::inspect::inspect;
-use crate::stateful::{OperatorInfo, StateRun};
+use crate::stateful::{OperatorInfo, OperatorKind, StateRun, decode_rows, value_struct};
+use crate::tools::inspect::inspect;
 
 /// The state of a session's queries that keep it in memory, by query ID (the checkpoint's):
 /// nothing of it is in the checkpoint, so `read_state` reads it from the running query, in its
@@ -121,13 +121,9 @@ impl StateMetadataTable {
             .await
             .map_err(|e| DataFusionError::External(Box::new(e)))?;
         // A memory store's versions are in the running query, not in the checkpoint.
-        let run = (report
-            .conf
-            .get(crate::session::STATE_STORE)
-            .map(String::as_str)
-            == Some("memory"))
-        .then(|| self.live.find(report.query_id)?.upgrade())
-        .flatten();
+        let run = (report.conf.get(crate::api::STATE_STORE).map(String::as_str) == Some("memory"))
+            .then(|| self.live.find(report.query_id)?.upgrade())
+            .flatten();
         let (mut id, mut name, mut store, mut parts, mut lo, mut hi) =
             (vec![], vec![], vec![], vec![], vec![], vec![]);
         for op in &report.operators {
@@ -397,7 +393,7 @@ impl StateTable {
                 have.join(", ")
             )));
         };
-        let join = op.operator_name == "streamStreamJoin";
+        let join = op.kind() == Some(OperatorKind::StreamStreamJoin);
         let store = match (join_side, store) {
             (Some(_), Some(_)) => {
                 return Err(user(ClassifiedError::new(
@@ -470,24 +466,15 @@ impl StateTable {
             )));
         }
         let logged_store = match ck.read_offsets(batch).await {
-            Ok(entry) => entry
-                .metadata
-                .conf
-                .get(crate::session::STATE_STORE)
-                .cloned(),
+            Ok(entry) => entry.metadata.conf.get(crate::api::STATE_STORE).cloned(),
             Err(_) => None,
         };
         let live = match logged_store.as_deref() {
             Some("memory") => Some(live.find(ck.id()).ok_or_else(|| not_durable(&dir))?),
             _ => None,
         };
-        let readable = matches!(
-            (op.operator_name.as_str(), store.as_str()),
-            ("aggregate" | "dedupe" | "dedupeWithinWatermark", _)
-                | ("sessionWindowAggregate", "sessions")
-                | ("streamStreamJoin", "left" | "right")
-        );
-        if !readable {
+        let format = op.kind().map(OperatorKind::format);
+        let Some(format) = format.filter(|f| f.readable(&store)) else {
             return Err(user(ClassifiedError::new(
                 "STDS_UNSUPPORTED_OPERATOR",
                 "0A000",
@@ -499,21 +486,8 @@ impl StateTable {
                     op.operator_name
                 ),
             )));
-        }
-        // A join's side store holds rows of that side: its columns, without the side's prefix.
-        let value_fields: Fields = if join {
-            let prefix = format!("{store}.");
-            op.value_schema
-                .fields()
-                .iter()
-                .filter_map(|f| {
-                    let name = f.name().strip_prefix(&prefix)?;
-                    Some(Field::new(name, f.data_type().clone(), true))
-                })
-                .collect()
-        } else {
-            op.value_schema.fields().clone()
         };
+        let value_fields: Fields = format.read_fields(&op, &store);
         let schema = Arc::new(Schema::new(vec![
             Field::new(
                 "key",
@@ -633,68 +607,37 @@ async fn last_committed(ck: &Checkpoint) -> Result<Option<u64>> {
         .last_committed())
 }
 
-/// The entries as rows of `schema`: keys and values decoded with the operator's schemas.
+/// The entries as rows of `schema`: keys and values decoded as the operator's kind lays them
+/// out (a session window's entry holds a group key's sessions, a join side's a join key's
+/// rows: one row each).
 fn decode(
     op: &OperatorInfo,
     schema: &SchemaRef,
     entries: Vec<PartitionEntries>,
 ) -> Result<RecordBatch> {
-    use arrow::array::{ArrayRef, StructArray};
-    use arrow::row::{RowConverter, SortField};
-    let sort = |s: &Schema| -> Vec<SortField> {
-        s.fields()
-            .iter()
-            .map(|f| SortField::new(f.data_type().clone()))
-            .collect()
-    };
-    // A session window's entry holds a group key's sessions: one row per session, its bounds
-    // then its accumulators' state.
-    let sessions = op.operator_name == "sessionWindowAggregate";
-    let entries: Vec<PartitionEntries> = if sessions {
-        entries
-            .into_iter()
-            .map(|(p, e)| {
-                let mut rows = vec![];
-                for (k, v) in e {
-                    let decoded = crate::stateful::decode_sessions(&v).ok_or_else(|| {
-                        user(ClassifiedError::new(
-                            "STATE_STORE_FILE_CORRUPT",
-                            "XX001",
-                            "A value of the session-window aggregation's state is damaged.",
-                        ))
-                    })?;
-                    for s in decoded {
-                        let mut value = s.start.to_be_bytes().to_vec();
-                        value.extend(s.end.to_be_bytes());
-                        value.extend(s.state);
-                        rows.push((k.clone(), value));
-                    }
-                }
-                Ok((p, rows))
-            })
-            .collect::<Result<_>>()?
-    } else if op.operator_name == "streamStreamJoin" {
-        // A join side's entry holds a join key's rows: one row each.
-        entries
-            .into_iter()
-            .map(|(p, e)| {
-                let mut rows = vec![];
-                for (k, v) in e {
-                    let stored = crate::stateful::join_state::side_rows(&v).ok_or_else(|| {
-                        user(ClassifiedError::new(
-                            "STATE_STORE_FILE_CORRUPT",
-                            "XX001",
-                            "A value of the stream-stream join's state is damaged.",
-                        ))
-                    })?;
-                    rows.extend(stored.into_iter().map(|row| (k.clone(), row)));
-                }
-                Ok((p, rows))
-            })
-            .collect::<Result<_>>()?
-    } else {
-        entries
-    };
+    use arrow::array::StructArray;
+    let format = op.kind().map(OperatorKind::format).ok_or_else(|| {
+        DataFusionError::Internal(format!("read_state of a {} operator", op.operator_name))
+    })?;
+    let entries: Vec<PartitionEntries> = entries
+        .into_iter()
+        .map(|(p, e)| {
+            let mut rows = vec![];
+            for (k, v) in e {
+                rows.extend(format.read_entries(&k, &v).ok_or_else(|| {
+                    user(ClassifiedError::new(
+                        "STATE_STORE_FILE_CORRUPT",
+                        "XX001",
+                        format!(
+                            "A value of the state of operator {} (a {}) is damaged.",
+                            op.operator_id, op.operator_name
+                        ),
+                    ))
+                })?);
+            }
+            Ok((p, rows))
+        })
+        .collect::<Result<_>>()?;
     let n: usize = entries.iter().map(|(_, e)| e.len()).sum();
     let partitions: Vec<i32> = entries
         .iter()
@@ -702,71 +645,19 @@ fn decode(
         .collect();
     let pairs: Vec<&(Vec<u8>, Vec<u8>)> = entries.iter().flat_map(|(_, e)| e).collect();
     // A global aggregate's key has no columns.
-    let key = if op.key_schema.fields().is_empty() {
-        StructArray::new_empty_fields(n, None)
-    } else {
-        let keys = RowConverter::new(sort(&op.key_schema))?;
-        let parser = keys.parser();
-        let key_columns = keys.convert_rows(pairs.iter().map(|(k, _)| parser.parse(k)))?;
-        StructArray::try_new(op.key_schema.fields().clone(), key_columns, None)?
+    let keys: Vec<&[u8]> = pairs.iter().map(|(k, _)| k.as_slice()).collect();
+    let key = value_struct(
+        op.key_schema.fields(),
+        decode_rows(op.key_schema.fields(), &keys)?,
+        n,
+    )?;
+    let DataType::Struct(fields) = schema.field(1).data_type() else {
+        return Err(DataFusionError::Internal(
+            "read_state's value column is not a struct".into(),
+        ));
     };
-    let value: StructArray = match op.operator_name.as_str() {
-        "sessionWindowAggregate" => {
-            let fields = op.value_schema.fields();
-            let bound = |at: usize| -> Int64Array {
-                pairs
-                    .iter()
-                    .map(|(_, v)| {
-                        v.get(at..at + 8)
-                            .and_then(|b| <[u8; 8]>::try_from(b).ok())
-                            .map(i64::from_be_bytes)
-                    })
-                    .collect()
-            };
-            let state_schema = Schema::new(fields.iter().skip(2).cloned().collect::<Vec<_>>());
-            let values = RowConverter::new(sort(&state_schema))?;
-            let parser = values.parser();
-            let mut columns: Vec<ArrayRef> = vec![Arc::new(bound(0)), Arc::new(bound(8))];
-            columns.extend(values.convert_rows(pairs.iter().map(|(_, v)| parser.parse(&v[16..])))?);
-            StructArray::try_new(fields.clone(), columns, None)?
-        }
-        "streamStreamJoin" => {
-            let DataType::Struct(fields) = schema.field(1).data_type() else {
-                return Err(DataFusionError::Internal(
-                    "read_state's value column is not a struct".into(),
-                ));
-            };
-            let side = Schema::new(fields.clone());
-            let values = RowConverter::new(sort(&side))?;
-            let parser = values.parser();
-            let columns = values.convert_rows(pairs.iter().map(|(_, v)| parser.parse(v)))?;
-            StructArray::try_new(fields.clone(), columns, None)?
-        }
-        "aggregate" => {
-            let values = RowConverter::new(sort(&op.value_schema))?;
-            let parser = values.parser();
-            let columns = values.convert_rows(pairs.iter().map(|(_, v)| parser.parse(v)))?;
-            StructArray::try_new(op.value_schema.fields().clone(), columns, None)?
-        }
-        // A dedupe within the watermark stores each key's expiry (µs, big-endian); a plain one
-        // stores nothing.
-        _ if op.value_schema.fields().is_empty() => StructArray::new_empty_fields(n, None),
-        _ => {
-            let expiry: Int64Array = pairs
-                .iter()
-                .map(|(_, v)| {
-                    <[u8; 8]>::try_from(v.as_slice())
-                        .ok()
-                        .map(i64::from_be_bytes)
-                })
-                .collect();
-            StructArray::try_new(
-                op.value_schema.fields().clone(),
-                vec![Arc::new(expiry) as ArrayRef],
-                None,
-            )?
-        }
-    };
+    let values: Vec<&[u8]> = pairs.iter().map(|(_, v)| v.as_slice()).collect();
+    let value: StructArray = value_struct(fields, format.decode_values(fields, &values)?, n)?;
     Ok(RecordBatch::try_new(
         Arc::clone(schema),
         vec![

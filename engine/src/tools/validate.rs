@@ -18,8 +18,8 @@ use uuid::Uuid;
 
 use crate::Error;
 use crate::checkpoint::SinkRecord;
-use crate::checkpoint::inspect::ddl;
 use crate::stateful::{OperatorInfo, same_types};
+use crate::tools::inspect::ddl;
 
 /// How one item of the query compares with the checkpoint's.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]

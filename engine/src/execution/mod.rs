@@ -2,6 +2,11 @@
 //! execute into the sink, commit, report progress. A restart replays an uncommitted batch with
 //! exactly its logged offsets; the idempotent sink makes that exactly-once.
 
+pub(crate) mod listener;
+pub(crate) mod progress;
+pub(crate) mod query;
+pub(crate) mod trigger;
+
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -19,13 +24,13 @@ use weir_sources::{MicroBatchStream, Offset, ReadLimit, SourceContext};
 use crate::checkpoint::{
     BatchMetadata, Checkpoint, CommitEntry, OffsetEntry, RestartPoint, SourceRange, purge_below,
 };
-use crate::listener::{
+use crate::execution::listener::{
     Event, QueryIdleEvent, QueryProgressEvent, QueryStartedEvent, QueryTerminatedEvent,
 };
-use crate::progress::{
+use crate::execution::progress::{
     SinkProgress, SourceProgress, StateOperatorProgress, StreamingQueryProgress, format_timestamp,
 };
-use crate::query::{RECENT_PROGRESS, Shared, StreamingQueryManager};
+use crate::execution::query::{RECENT_PROGRESS, Shared, StreamingQueryManager};
 use crate::stateful::{
     BatchState, BatchWatermark, EventTimeStats, OperatorInfo, StateRun, plan_stateful,
 };
@@ -260,9 +265,9 @@ impl Execution {
                 let identities: Vec<String> =
                     self.tables.iter().map(|t| t.source().identity()).collect();
                 let initials: Vec<Offset> = streams.iter().map(|s| s.initial_offset()).collect();
-                Some(
-                    r.aligned(|e| crate::source_evolution::align(e, names, &identities, &initials)),
-                )
+                Some(r.aligned(|e| {
+                    crate::checkpoint::source_evolution::align(e, names, &identities, &initials)
+                }))
             }
             (r, _) => r,
         };

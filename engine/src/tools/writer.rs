@@ -7,12 +7,12 @@ use std::sync::Arc;
 use weir_common::{Location, Options};
 use weir_sinks::{OutputMode, SinkSpec};
 
-use super::checks::{
+use crate::api::{DataStreamWriter, Planned, SHUFFLE_PARTITIONS, STATE_STORE, WATERMARK_POLICY};
+use crate::checkpoint::RestartPoint;
+use crate::checkpoint::checks::{
     check_operators, check_restart_sources, check_sink_batches, check_sink_change,
     check_sink_query_id, check_state_durable, next_batch, partitions_for, planned_operators,
 };
-use super::{DataStreamWriter, Planned, SHUFFLE_PARTITIONS, STATE_STORE, WATERMARK_POLICY};
-use crate::checkpoint::RestartPoint;
 use crate::stateful::{OperatorInfo, StateBackend, StateMetadata, StateRun};
 use crate::{Checkpoint, Error, Result, WeirSession};
 
@@ -22,7 +22,7 @@ impl DataStreamWriter {
     /// makes (sources, sink, stateful operators and their schemas, the state store), each
     /// reported, with the checkpoint's and the query's side by side. An error means the
     /// checkpoint could not be read at all (missing, damaged, or the query is not valid).
-    pub async fn validate(mut self) -> Result<crate::validate::ValidationReport> {
+    pub async fn validate(mut self) -> Result<crate::tools::validate::ValidationReport> {
         let planned = self.plan_query()?;
         let Some(dir) = self.checkpoint.clone() else {
             return Err(Error::user(
@@ -124,7 +124,7 @@ impl DataStreamWriter {
             .map(|r| r.entry().1.metadata.conf.clone())
             .unwrap_or_default();
         let now = &planned.sources;
-        let pairs: Vec<crate::validate::SourcePair> = if self.source_evolution {
+        let pairs: Vec<crate::tools::validate::SourcePair> = if self.source_evolution {
             let named =
                 |n: &Option<String>| logged.iter().find(|r| r.name.is_some() && r.name == *n);
             now.iter()
@@ -157,7 +157,7 @@ impl DataStreamWriter {
         };
         let (last_committed, next_batch) = next_batch(restart.as_ref());
         let stored_ops = stored.map(|s| s.operators).unwrap_or_default();
-        Ok(crate::validate::Sides {
+        Ok(crate::tools::validate::Sides {
             location: checkpoint.location().display().to_string(),
             query_id: checkpoint.id(),
             last_committed,
@@ -198,6 +198,9 @@ impl DataStreamWriter {
             partitions,
             self.output_mode,
         )?);
+        if let Some(stored) = &stored {
+            run.set_layouts(&stored.operators);
+        }
         let operators = planned_operators(&state, &planned.plan, &planned.tables, &run).await?;
         Ok((operators, stored))
     }
@@ -209,7 +212,7 @@ impl DataStreamWriter {
     /// committed offsets, so the sink's output continues with no row lost or doubled. The
     /// sources and the sink must be the ones the checkpoint has. The reset is recorded in
     /// `resets/<n>`; the query is not started.
-    pub async fn reset_checkpoint(self) -> Result<crate::checkpoint::reset::ResetReport> {
+    pub async fn reset_checkpoint(self) -> Result<crate::tools::reset::ResetReport> {
         self.reset_checkpoint_sources(&[], false).await
     }
 
@@ -225,8 +228,8 @@ impl DataStreamWriter {
         mut self,
         sources: &[String],
         from_starting_position: bool,
-    ) -> Result<crate::checkpoint::reset::ResetReport> {
-        use crate::checkpoint::reset::{
+    ) -> Result<crate::tools::reset::ResetReport> {
+        use crate::tools::reset::{
             ResetKind, ResetRecord, ResetReport, delete_unused_state, next_reset, plan_state,
         };
         if from_starting_position && sources.is_empty() {
@@ -299,7 +302,9 @@ impl DataStreamWriter {
                 Some(r) => r.clone(),
                 None => ResetRecord {
                     kind: ResetKind::Selective,
-                    time: crate::progress::format_timestamp(chrono::Utc::now().timestamp_millis()),
+                    time: crate::execution::progress::format_timestamp(
+                        chrono::Utc::now().timestamp_millis(),
+                    ),
                     query_id_before: checkpoint.id(),
                     query_id_after: checkpoint.id(),
                     next_batch: next,
@@ -308,7 +313,7 @@ impl DataStreamWriter {
                     sink: match &sink {
                         Some(s) => format!(
                             "{} output kept and continued",
-                            crate::checkpoint::reset::describe(s)
+                            crate::tools::reset::describe(s)
                         ),
                         None => "none recorded".into(),
                     },
@@ -359,10 +364,7 @@ impl DataStreamWriter {
         restart: Option<RestartPoint>,
         keys: &[String],
         from_starting_position: bool,
-    ) -> Result<(
-        Option<RestartPoint>,
-        Vec<crate::checkpoint::reset::SourceReset>,
-    )> {
+    ) -> Result<(Option<RestartPoint>, Vec<crate::tools::reset::SourceReset>)> {
         if keys.is_empty() {
             return Ok((restart, vec![]));
         }
@@ -482,7 +484,7 @@ impl DataStreamWriter {
                 source: Some(q.identity.clone()),
                 name: q.name.clone(),
             };
-            records.push(crate::checkpoint::reset::SourceReset {
+            records.push(crate::tools::reset::SourceReset {
                 position: logged,
                 name: q.name.clone(),
                 previous: previous.source.clone(),
@@ -513,7 +515,7 @@ impl WeirSession {
         &self,
         dir: &str,
         keep_sink_data: bool,
-    ) -> Result<crate::checkpoint::reset::ResetReport> {
+    ) -> Result<crate::tools::reset::ResetReport> {
         let location = Location::parse_existing_with(dir, std::iter::empty::<(&str, &str)>())?;
         let mut checkpoint = Checkpoint::open_for_refresh(location).await?;
         let sinks = &self.inner().sinks;
@@ -521,7 +523,7 @@ impl WeirSession {
         // is the sink to clear; an error refuses the refresh.
         let plan =
             |record: &crate::checkpoint::SinkRecord| -> Result<Option<Arc<dyn weir_sinks::Sink>>> {
-                let what = crate::checkpoint::reset::describe(record);
+                let what = crate::tools::reset::describe(record);
                 let Some(identity) = record.identity.clone() else {
                     if keep_sink_data {
                         return Ok(None);
@@ -570,7 +572,7 @@ impl WeirSession {
         let clear = |record: crate::checkpoint::SinkRecord| {
             let planned = plan(&record);
             async move {
-                let what = crate::checkpoint::reset::describe(&record);
+                let what = crate::tools::reset::describe(&record);
                 match planned? {
                     None => Ok(format!("{what} output kept")),
                     Some(sink) => {
@@ -591,7 +593,7 @@ impl WeirSession {
         let result = match precheck {
             Err(e) => Err(e),
             Ok(()) => {
-                crate::checkpoint::reset::full_refresh(&mut checkpoint, keep_sink_data, clear).await
+                crate::tools::reset::full_refresh(&mut checkpoint, keep_sink_data, clear).await
             }
         };
         checkpoint.release().await;

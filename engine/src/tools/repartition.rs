@@ -22,11 +22,13 @@ use arrow::row::{RowConverter, SortField};
 use weir_common::Location;
 use weir_state::{KeyRange, RocksDbStateStoreProvider, StateStoreProvider, StoreId, WriteBatch};
 
-use super::Checkpoint;
 use super::reset::{
     OperatorChange, ResetKind, ResetRecord, ResetReport, delete_unused_state, next_reset,
 };
-use crate::stateful::{EVENT_TIME_KEY, OperatorInfo, StateLayout, StateMetadata, join_state};
+use crate::checkpoint::Checkpoint;
+use crate::stateful::{
+    EVENT_TIME_KEY, OperatorInfo, Placement, StateLayout, StateMetadata, join_state,
+};
 use crate::{Error, Result};
 
 fn unsupported(message: String) -> Error {
@@ -76,23 +78,6 @@ fn new_partitions(op: &OperatorInfo, keys: &[&[u8]], partitions: usize) -> Resul
         )));
     }
     Ok(out)
-}
-
-/// The session-window aggregation's index store, keyed by a session's end then the group key.
-const SESSIONS_BY_END: &str = "sessions-by-end";
-
-/// The length of an event time (i64) as an arrow row: the prefix of an index key.
-fn time_prefix_len() -> Result<usize> {
-    let arrow = |e: arrow::error::ArrowError| Error::Internal(format!("re-keying state: {e}"));
-    let c = RowConverter::new(vec![SortField::new(arrow::datatypes::DataType::Int64)])
-        .map_err(arrow)?;
-    let column: arrow::array::ArrayRef =
-        std::sync::Arc::new(arrow::array::Int64Array::from(vec![0]));
-    Ok(c.convert_columns(&[column])
-        .map_err(arrow)?
-        .row(0)
-        .as_ref()
-        .len())
 }
 
 /// The most shuffle partitions a repartition writes: each is a state store instance per store
@@ -147,16 +132,7 @@ async fn run(checkpoint: &Checkpoint, partitions: usize) -> Result<ResetReport> 
                 .into(),
         ));
     };
-    if let Some(op) = stored.iter().find(|o| {
-        !matches!(
-            o.operator_name.as_str(),
-            "aggregate"
-                | "dedupe"
-                | "dedupeWithinWatermark"
-                | "sessionWindowAggregate"
-                | "streamStreamJoin"
-        )
-    }) {
+    if let Some(op) = stored.iter().find(|o| o.kind().is_none()) {
         return Err(unsupported(format!(
             "Repartitioning rewrites the state of aggregations, session-window aggregations, \
              deduplications and stream-stream joins; operator {} is a {}, whose state it does \
@@ -176,7 +152,9 @@ async fn run(checkpoint: &Checkpoint, partitions: usize) -> Result<ResetReport> 
         Some(r) => r.clone(),
         None => ResetRecord {
             kind: ResetKind::Repartition,
-            time: crate::progress::format_timestamp(chrono::Utc::now().timestamp_millis()),
+            time: crate::execution::progress::format_timestamp(
+                chrono::Utc::now().timestamp_millis(),
+            ),
             query_id_before: checkpoint.id(),
             query_id_after: checkpoint.id(),
             next_batch: last + 1,
@@ -192,8 +170,8 @@ async fn run(checkpoint: &Checkpoint, partitions: usize) -> Result<ResetReport> 
     let mirror = match checkpoint.state_dir() {
         Some(_) => None,
         None => Some(
-            super::state_mirror::StateMirror::download(
-                checkpoint.location().child(super::STATE),
+            crate::checkpoint::state_mirror::StateMirror::download(
+                checkpoint.location().child(crate::checkpoint::STATE),
                 scratch.join("state"),
             )
             .await?,
@@ -227,7 +205,7 @@ async fn run(checkpoint: &Checkpoint, partitions: usize) -> Result<ResetReport> 
             // was.
             for id in &fresh {
                 let _ = checkpoint
-                    .delete_folder(&format!("{}/{id}", super::STATE))
+                    .delete_folder(&format!("{}/{id}", crate::checkpoint::STATE))
                     .await;
             }
             return Err(e);
@@ -370,7 +348,10 @@ fn rewrite(
                     .map_err(state_err)?;
                 entries.extend(s.scan(&KeyRange::all()).map_err(state_err)?);
             }
-            let buckets = if op.operator_name == "streamStreamJoin" && join_state::is_index(store) {
+            let placement = op
+                .kind()
+                .map_or(Placement::ByKey, |k| k.format().placement(store));
+            let buckets = if placement == Placement::JoinIndex {
                 // A join's event-time index entry lists rows of many join keys: it is split.
                 join_state::split_index(&entries, partitions, |keys| {
                     new_partitions(op, keys, partitions)
@@ -386,9 +367,9 @@ fn rewrite(
                     )
                 })?
             } else {
-                // A session window's index is keyed by a session's end, then the group key.
-                let skip = if store == SESSIONS_BY_END {
-                    time_prefix_len()?
+                // An index keyed by an event time, then the state key, goes by the state key.
+                let skip = if placement == Placement::ByKeyAfterTime {
+                    weir_state::table::TIME_PREFIX
                 } else {
                     0
                 };

@@ -17,8 +17,8 @@ use serde::Serialize;
 use weir_common::Location;
 use weir_sources::SourceContext;
 
-use super::checks::{check_operators, check_state_durable};
-use super::{DataStreamWriter, SHUFFLE_PARTITIONS, STATE_STORE};
+use crate::api::{DataStreamWriter, SHUFFLE_PARTITIONS, STATE_STORE};
+use crate::checkpoint::checks::{check_operators, check_state_durable, planned_operators};
 use crate::checkpoint::state_mirror::StateMirror;
 use crate::stateful::{BatchState, BatchWatermark, StateBackend, StateRun, plan_stateful};
 use crate::{Checkpoint, Error, Result};
@@ -150,7 +150,7 @@ impl DataStreamWriter {
         let evolution = entry
             .metadata
             .conf
-            .get(crate::source_evolution::SOURCE_EVOLUTION)
+            .get(crate::checkpoint::source_evolution::SOURCE_EVOLUTION)
             .is_some_and(|v| v == "true");
         let names: Vec<String> = planned
             .sources
@@ -197,18 +197,17 @@ impl DataStreamWriter {
                     partitions,
                     self.output_mode,
                 )?);
+                if let Some(stored) = &stored {
+                    run.set_layouts(&stored.operators);
+                }
                 let operators =
-                    super::checks::planned_operators(&state, &planned.plan, &planned.tables, &run)
-                        .await?;
+                    planned_operators(&state, &planned.plan, &planned.tables, &run).await?;
                 check_operators(
                     stored.as_ref(),
                     &operators,
                     true,
                     self.allow_state_definition_change,
                 )?;
-                if let Some(stored) = &stored {
-                    run.set_layouts(&stored.operators);
-                }
                 Some(run)
             } else {
                 None
@@ -231,7 +230,7 @@ impl DataStreamWriter {
                 let identities: Vec<String> =
                     planned.sources.iter().map(|s| s.identity.clone()).collect();
                 let initials: Vec<_> = streams.iter().map(|s| s.initial_offset()).collect();
-                crate::source_evolution::align(&entry, &names, &identities, &initials)
+                crate::checkpoint::source_evolution::align(&entry, &names, &identities, &initials)
             } else {
                 entry
             };
