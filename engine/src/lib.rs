@@ -5,7 +5,16 @@
 //! Data flows: [`WeirSession`] plans SQL or a `DataFrame` (with `weir-planner`) →
 //! [`DataStreamWriter::start`] checks the plan, opens the sink and the [`Checkpoint`] →
 //! the execution loop runs one micro-batch at a time: source offsets → WAL → rows into the
-//! plan's streaming tables → DataFusion physical plan → sink → commit → progress event.
+//! plan's streaming tables → DataFusion physical plan (with weir's stateful operators) → sink →
+//! commit → progress event.
+//!
+//! ```text
+//! api/         WeirSession, DataStreamReader/Writer, start, SQL scripts
+//! execution/   the micro-batch loop, query handles, progress records, listeners, triggers
+//! checkpoint/  the checkpoint's files, recovery, restart point and restart checks
+//! stateful/    the stateful operators: one shell (operator.rs), their kinds and state formats
+//! tools/       offline checkpoint tools: inspect, validate, reset, repartition, replay, read_state
+//! ```
 
 mod api;
 pub mod checkpoint;
