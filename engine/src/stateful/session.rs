@@ -50,7 +50,7 @@ use super::aggregate::{Aggregates, partial_of, without_positions};
 use super::kind::{OperatorKind, Placement, StateFormat, decode_rows};
 use super::operator::{Processed, RowsInState, ShuffleKey, StatefulOperator, Step};
 use super::watermark::event_micros;
-use super::{OperatorInfo, state_error, watermark_columns};
+use super::{BatchWatermark, OperatorInfo, StateRun, state_error, watermark_columns};
 
 const SESSIONS: &str = "sessions";
 const BY_END: &str = "sessions-by-end";
@@ -357,16 +357,42 @@ impl SessionWindowAggregate {
             ));
         };
         let input = input.into_iter().next().unwrap_or_default();
-        let keys_conv = RowConverter::new(self.key_fields.clone())?;
-        let values = RowConverter::new(self.value_fields.clone())?;
+        let new = self.new_rows(&input, watermark)?;
+        let dropped = new.dropped;
+        let mut by_key: HashMap<Vec<u8>, KeySessions> = HashMap::new();
+        let updated = self.merge_sessions(store.as_ref(), new, &mut by_key)?;
+        let updates = started.elapsed();
 
+        let removing = Instant::now();
+        let evicted = self.evict(store.as_ref(), index.as_ref(), run, watermark, &mut by_key)?;
+        let removed = evicted.len() as u64;
+        self.write(store.as_mut(), index.as_mut(), &by_key)?;
+        let removals = removing.elapsed();
+
+        let output = self.emit(store.as_ref(), run.output_mode, &evicted)?;
+        Ok(Processed {
+            output,
+            rows_updated: updated,
+            rows_removed: removed,
+            rows_dropped_by_watermark: dropped,
+            // Sessions in state: one index entry each.
+            rows_in_state: RowsInState::KeysOf(1),
+            updates,
+            removals,
+        })
+    }
+
+    /// The batch's rows, each with its own session; rows without a session are in none, rows
+    /// whose session ended at or behind the previous watermark are late (dropped, counted).
+    fn new_rows(&self, input: &[RecordBatch], watermark: BatchWatermark) -> Result<NewRows> {
         // This batch's rows, each with its own session; rows without a session are in none,
         // rows whose session ended at or behind the previous watermark are late.
+        let keys_conv = RowConverter::new(self.key_fields.clone())?;
         let late_us = watermark.late_ms.saturating_mul(1000);
         let mut dropped = 0u64;
         let mut rows: Vec<(Vec<u8>, i64, i64)> = vec![];
         let mut row_state: Vec<Vec<ArrayRef>> = vec![];
-        for batch in &input {
+        for batch in input {
             let session = batch
                 .column(self.session)
                 .as_any()
@@ -402,14 +428,34 @@ impl SessionWindowAggregate {
             row_state.push(kept.columns()[self.num_group..].to_vec());
         }
 
+        Ok(NewRows {
+            rows,
+            state: row_state,
+            dropped,
+        })
+    }
+
+    /// Reads the stored sessions of the new rows' keys into `by_key` and merges the new rows
+    /// into them; returns how many sessions the merge gave.
+    fn merge_sessions(
+        &self,
+        store: &dyn StateStore,
+        new: NewRows,
+        by_key: &mut HashMap<Vec<u8>, KeySessions>,
+    ) -> Result<u64> {
         // The stored sessions of these keys, and the merge: per key, stored and new sessions
         // by start; one that starts at or before the merged end so far joins it (Spark's
         // MergingSessionsIterator rule).
-        let mut by_key: HashMap<Vec<u8>, KeySessions> = HashMap::new();
+        let NewRows {
+            rows,
+            state: row_state,
+            ..
+        } = new;
+        let values = RowConverter::new(self.value_fields.clone())?;
         self.load(
-            store.as_ref(),
+            store,
             rows.iter().map(|(k, _, _)| k.clone()).collect(),
-            &mut by_key,
+            by_key,
         )?;
         let mut touched: Vec<Vec<u8>> = by_key.keys().cloned().collect();
         touched.sort();
@@ -490,13 +536,21 @@ impl SessionWindowAggregate {
                 ks.sessions.push(Session { start, end, state });
             }
         }
-        let updated = n as u64;
-        let updates = started.elapsed();
+        Ok(n as u64)
+    }
 
-        // Sessions whose end the watermark passed are final: append mode emits them, and they
-        // leave state (complete mode keeps everything). They are found through the index,
-        // from where this run's last eviction ended, plus this batch's own sessions.
-        let removing = Instant::now();
+    /// Sessions whose end the watermark passed are final: append mode emits them, and they
+    /// leave state (complete mode keeps everything). They are found through the index, from
+    /// where this run's last eviction ended, plus this batch's own sessions; they are taken
+    /// out of `by_key` and returned.
+    fn evict(
+        &self,
+        store: &dyn StateStore,
+        index: &dyn StateStore,
+        run: &StateRun,
+        watermark: BatchWatermark,
+        by_key: &mut HashMap<Vec<u8>, KeySessions>,
+    ) -> Result<Vec<(Vec<u8>, Session)>> {
         let mut evicted: Vec<(Vec<u8>, Session)> = vec![];
         if self.watermarked && run.output_mode == OutputMode::Append {
             let wm_us = watermark.eviction_ms.saturating_mul(1000);
@@ -509,7 +563,7 @@ impl SessionWindowAggregate {
                 let key = after_time(&k).ok_or_else(|| corrupt(BY_END))?;
                 keys.push(key.to_vec());
             }
-            self.load(store.as_ref(), keys, &mut by_key)?;
+            self.load(store, keys, by_key)?;
             let mut candidates: Vec<&Vec<u8>> = by_key.keys().collect();
             candidates.sort();
             let candidates: Vec<Vec<u8>> = candidates.into_iter().cloned().collect();
@@ -524,8 +578,17 @@ impl SessionWindowAggregate {
                 evicted.extend(gone.into_iter().map(|s| (key.clone(), s)));
             }
         }
-        let removed = evicted.len() as u64;
+        Ok(evicted)
+    }
 
+    /// One write batch per store: each changed key's sessions, and the index entries of the
+    /// sessions that came or went.
+    fn write(
+        &self,
+        store: &mut dyn StateStore,
+        index: &mut dyn StateStore,
+        by_key: &HashMap<Vec<u8>, KeySessions>,
+    ) -> Result<()> {
         // One write batch per store: each changed key's sessions, and the index entries of
         // the sessions that came or went.
         let mut writes = WriteBatch::new();
@@ -560,9 +623,17 @@ impl SessionWindowAggregate {
         index
             .apply(index_writes.with_key_delta(index_delta))
             .map_err(state_error)?;
-        let removals = removing.elapsed();
+        Ok(())
+    }
 
-        let output = match run.output_mode {
+    /// The rows the output mode emits: every session in complete mode, else the evicted ones.
+    fn emit(
+        &self,
+        store: &dyn StateStore,
+        mode: OutputMode,
+        evicted: &[(Vec<u8>, Session)],
+    ) -> Result<RecordBatch> {
+        let output = match mode {
             OutputMode::Complete => {
                 let all = store.scan(&KeyRange::all()).map_err(state_error)?;
                 let mut decoded = vec![];
@@ -582,18 +653,16 @@ impl SessionWindowAggregate {
                 self.evaluate(&flat)?
             }
         };
-
-        Ok(Processed {
-            output,
-            rows_updated: updated,
-            rows_removed: removed,
-            rows_dropped_by_watermark: dropped,
-            // Sessions in state: one index entry each.
-            rows_in_state: RowsInState::KeysOf(1),
-            updates,
-            removals,
-        })
+        Ok(output)
     }
+}
+
+/// The rows of a batch that join sessions: each row's group key and session bounds (µs), and
+/// the rows' accumulator state columns, one entry per input batch.
+struct NewRows {
+    rows: Vec<(Vec<u8>, i64, i64)>,
+    state: Vec<Vec<ArrayRef>>,
+    dropped: u64,
 }
 
 /// How a session-window aggregation keeps its state (see the module's notes): `read_state`
