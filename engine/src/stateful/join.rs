@@ -45,7 +45,7 @@ use weir_state::{StateStore, WriteBatch};
 use super::kind::{OperatorKind, Placement, StateFormat};
 use super::operator::{Processed, RowsInState, ShuffleKey, StatefulExec, StatefulOperator, Step};
 use super::watermark::{drop_late, event_micros};
-use super::{BatchState, OperatorInfo, state_error, watermark_columns};
+use super::{BatchState, OperatorInfo, StateRun, state_error, watermark_columns};
 
 /// A join of two streams as planned, before a batch attaches it.
 #[derive(Debug)]
@@ -98,6 +98,16 @@ fn row_fields(schema: &Schema) -> Vec<SortField> {
         .iter()
         .map(|f| SortField::new(f.data_type().clone()))
         .collect()
+}
+
+/// Stored rows (arrow-row of `schema`'s columns) as a batch.
+fn decode(conv: &RowConverter, rows: Vec<&[u8]>, schema: &SchemaRef) -> Result<RecordBatch> {
+    if rows.is_empty() {
+        return Ok(RecordBatch::new_empty(Arc::clone(schema)));
+    }
+    let parser = conv.parser();
+    let cols = conv.convert_rows(rows.into_iter().map(|b| parser.parse(b)))?;
+    Ok(RecordBatch::try_new(Arc::clone(schema), cols)?)
 }
 
 fn key_columns(keys: &[Arc<dyn PhysicalExpr>], batch: &RecordBatch) -> Result<Vec<ArrayRef>> {
@@ -603,15 +613,6 @@ impl StreamJoin {
             pairs.extend(old_left.of(&left_lists, k.data()).map(|p| ((1, p), (0, j))));
         }
         let (old_left, old_right) = (old_left.rows, old_right.rows);
-        let decode =
-            |conv: &RowConverter, rows: Vec<&[u8]>, schema: &SchemaRef| -> Result<RecordBatch> {
-                if rows.is_empty() {
-                    return Ok(RecordBatch::new_empty(Arc::clone(schema)));
-                }
-                let parser = conv.parser();
-                let cols = conv.convert_rows(rows.into_iter().map(|b| parser.parse(b)))?;
-                Ok(RecordBatch::try_new(Arc::clone(schema), cols)?)
-            };
         let stored_left = decode(
             &left_rows,
             old_left
@@ -733,50 +734,18 @@ impl StreamJoin {
                 &mut right_count,
             ),
         ] {
-            let encoded = conv.convert_columns(rows.batch.columns())?;
-            // The index groups the batch's rows by event time: one entry per distinct time.
-            let mut by_time: HashMap<i64, Vec<u8>> = HashMap::new();
-            let mut timeless = vec![];
-            for (i, k) in rows.keys.iter().enumerate() {
-                let untimed = rows.times.as_ref().is_some_and(|t| t.is_null(i));
-                if untimed && side.evict_after_us.is_some() {
-                    if side.outer && !matched[i] {
-                        timeless.push(i as u32);
-                    }
-                    continue;
-                }
-                let time = rows
-                    .times
-                    .as_ref()
-                    .filter(|t| t.is_valid(i))
-                    .map_or(i64::MIN, |t| t.value(i));
-                push_index_row(by_time.entry(time).or_default(), k.data(), i as u32);
-                let list = lists.lists.entry_ref(k.data()).or_default();
-                list.entries.push(Entry {
-                    suffix: suffix(batch, i as u32),
-                    matched: matched[i],
-                    time,
-                    row: encoded.row(i).as_ref().to_vec(),
-                });
-                list.dirty = true;
-                updated += 1;
-                counts.rows += 1;
-            }
-            let mut index = WriteBatch::new();
-            let entries = by_time.len() as i64;
-            for (time, rows) in by_time {
-                index.put(index_key(time, batch)?, rows);
-            }
-            time_store
-                .apply(index.with_key_delta(entries))
-                .map_err(state_error)?;
-            if !timeless.is_empty() {
-                let rows = arrow::compute::take_record_batch(
-                    &rows.batch,
-                    &arrow::array::UInt32Array::from(timeless),
-                )?;
-                outputs.push(self.null_padded(side.name == "left", &rows)?);
-            }
+            let (stored, timeless) = self.store_new_rows(
+                side,
+                rows,
+                conv,
+                matched,
+                lists,
+                &mut **time_store,
+                counts,
+                batch,
+            )?;
+            updated += stored;
+            outputs.extend(timeless);
         }
         let updates = started.elapsed();
 
@@ -805,65 +774,19 @@ impl StreamJoin {
                 &mut right_count,
             ),
         ] {
-            let Some(after) = side.evict_after_us else {
-                continue;
-            };
-            let limit = wm_us.saturating_add(after);
-            // Everything at or below the last limit is gone (new rows are later than the last
-            // watermark, which is at least that limit when the time range contains 0), so the
-            // scan starts there; a run's first scan starts at the first event time (past the
-            // row count).
-            let floor = run
-                .eviction_floor(time_store.id(), limit)
-                .filter(|_| after <= 0);
-            let expired = time_store
-                .scan(&times_up_to(floor, limit))
-                .map_err(state_error)?;
-            if expired.is_empty() {
-                continue;
-            }
-            let mut by_key: HashMap<&[u8], Vec<[u8; 12]>> = HashMap::new();
-            for (tk, rows) in &expired {
-                let batch = tk
-                    .get(TIME_PREFIX..)
-                    .and_then(|b| <[u8; 8]>::try_from(b).ok())
-                    .map(u64::from_be_bytes)
-                    .ok_or_else(|| corrupt(side.name))?;
-                for (key, row) in decode_index(rows).ok_or_else(|| corrupt(side.name))? {
-                    by_key.entry(key).or_default().push(suffix(batch, row));
-                    counts.rows -= 1;
-                    removed += 1;
-                }
-            }
-            let keys: Vec<&[u8]> = by_key.keys().copied().collect();
-            lists.load(store.as_ref(), &keys, side.name)?;
-            let mut unmatched: Vec<Vec<u8>> = vec![];
-            for (key, mut suffixes) in by_key {
-                let Some(list) = lists.lists.get_mut(key) else {
-                    continue;
-                };
-                suffixes.sort_unstable();
-                list.entries.retain(|e| {
-                    let gone = suffixes.binary_search(&e.suffix).is_ok();
-                    if gone && !e.matched && side.outer {
-                        unmatched.push(e.row.clone());
-                    }
-                    !gone
-                });
-                list.dirty = true;
-            }
-            if !unmatched.is_empty() {
-                let batch = decode(conv, unmatched.iter().map(Vec::as_slice).collect(), schema)?;
-                outputs.push(self.null_padded(side.name == "left", &batch)?);
-            }
-            let mut index = WriteBatch::new();
-            let n = expired.len() as i64;
-            for (tk, _) in expired {
-                index.delete(tk);
-            }
-            time_store
-                .apply(index.with_key_delta(-n))
-                .map_err(state_error)?;
+            let (gone, unmatched) = self.evict_side(
+                side,
+                store.as_ref(),
+                lists,
+                &mut **time_store,
+                conv,
+                schema,
+                counts,
+                run,
+                wm_us,
+            )?;
+            removed += gone;
+            outputs.extend(unmatched);
         }
         for (time_store, counts) in [(&mut *lt, &left_count), (&mut *rt, &right_count)] {
             time_store.apply(counts.write()).map_err(state_error)?;
@@ -882,6 +805,157 @@ impl StreamJoin {
             updates,
             removals,
         })
+    }
+
+    /// Adds a side's new rows to their join key's list and to the side's event-time index (one
+    /// entry per distinct time). A row without an event time never meets the time range: where
+    /// the side evicts, it is not kept, and an outer side emits it now if it matched nothing
+    /// (returned, null-padded). Returns how many rows it stored.
+    #[expect(
+        clippy::too_many_arguments,
+        reason = "one side's rows, flags, lists, index and count, as the step holds them"
+    )]
+    fn store_new_rows(
+        &self,
+        side: &Side,
+        rows: &SideRows,
+        conv: &RowConverter,
+        matched: &[bool],
+        lists: &mut Lists,
+        time_store: &mut dyn StateStore,
+        counts: &mut RowCount,
+        batch: u64,
+    ) -> Result<(u64, Option<RecordBatch>)> {
+        let mut updated = 0u64;
+        let encoded = conv.convert_columns(rows.batch.columns())?;
+        // The index groups the batch's rows by event time: one entry per distinct time.
+        let mut by_time: HashMap<i64, Vec<u8>> = HashMap::new();
+        let mut timeless = vec![];
+        for (i, k) in rows.keys.iter().enumerate() {
+            let untimed = rows.times.as_ref().is_some_and(|t| t.is_null(i));
+            if untimed && side.evict_after_us.is_some() {
+                if side.outer && !matched[i] {
+                    timeless.push(i as u32);
+                }
+                continue;
+            }
+            let time = rows
+                .times
+                .as_ref()
+                .filter(|t| t.is_valid(i))
+                .map_or(i64::MIN, |t| t.value(i));
+            push_index_row(by_time.entry(time).or_default(), k.data(), i as u32);
+            let list = lists.lists.entry_ref(k.data()).or_default();
+            list.entries.push(Entry {
+                suffix: suffix(batch, i as u32),
+                matched: matched[i],
+                time,
+                row: encoded.row(i).as_ref().to_vec(),
+            });
+            list.dirty = true;
+            updated += 1;
+            counts.rows += 1;
+        }
+        let mut index = WriteBatch::new();
+        let entries = by_time.len() as i64;
+        for (time, rows) in by_time {
+            index.put(index_key(time, batch)?, rows);
+        }
+        time_store
+            .apply(index.with_key_delta(entries))
+            .map_err(state_error)?;
+        if timeless.is_empty() {
+            return Ok((updated, None));
+        }
+        let rows = arrow::compute::take_record_batch(
+            &rows.batch,
+            &arrow::array::UInt32Array::from(timeless),
+        )?;
+        Ok((updated, Some(self.null_padded(side.name == "left", &rows)?)))
+    }
+
+    /// Evicts a side's rows no future row of the other side can match, found through its
+    /// event-time index from where this run's last eviction stopped; an outer side emits the
+    /// evicted rows that never matched (returned, null-padded). Returns how many it removed.
+    #[expect(
+        clippy::too_many_arguments,
+        reason = "one side's stores, lists, decoding and count, as the step holds them"
+    )]
+    fn evict_side(
+        &self,
+        side: &Side,
+        store: &dyn StateStore,
+        lists: &mut Lists,
+        time_store: &mut dyn StateStore,
+        conv: &RowConverter,
+        schema: &SchemaRef,
+        counts: &mut RowCount,
+        run: &StateRun,
+        wm_us: i64,
+    ) -> Result<(u64, Option<RecordBatch>)> {
+        let mut removed = 0u64;
+        let Some(after) = side.evict_after_us else {
+            return Ok((0, None));
+        };
+        let limit = wm_us.saturating_add(after);
+        // Everything at or below the last limit is gone (new rows are later than the last
+        // watermark, which is at least that limit when the time range contains 0), so the
+        // scan starts there; a run's first scan starts at the first event time (past the
+        // row count).
+        let floor = run
+            .eviction_floor(time_store.id(), limit)
+            .filter(|_| after <= 0);
+        let expired = time_store
+            .scan(&times_up_to(floor, limit))
+            .map_err(state_error)?;
+        if expired.is_empty() {
+            return Ok((0, None));
+        }
+        let mut by_key: HashMap<&[u8], Vec<[u8; 12]>> = HashMap::new();
+        for (tk, rows) in &expired {
+            let batch = tk
+                .get(TIME_PREFIX..)
+                .and_then(|b| <[u8; 8]>::try_from(b).ok())
+                .map(u64::from_be_bytes)
+                .ok_or_else(|| corrupt(side.name))?;
+            for (key, row) in decode_index(rows).ok_or_else(|| corrupt(side.name))? {
+                by_key.entry(key).or_default().push(suffix(batch, row));
+                counts.rows -= 1;
+                removed += 1;
+            }
+        }
+        let keys: Vec<&[u8]> = by_key.keys().copied().collect();
+        lists.load(store, &keys, side.name)?;
+        let mut unmatched: Vec<Vec<u8>> = vec![];
+        for (key, mut suffixes) in by_key {
+            let Some(list) = lists.lists.get_mut(key) else {
+                continue;
+            };
+            suffixes.sort_unstable();
+            list.entries.retain(|e| {
+                let gone = suffixes.binary_search(&e.suffix).is_ok();
+                if gone && !e.matched && side.outer {
+                    unmatched.push(e.row.clone());
+                }
+                !gone
+            });
+            list.dirty = true;
+        }
+        let unmatched = if unmatched.is_empty() {
+            None
+        } else {
+            let batch = decode(conv, unmatched.iter().map(Vec::as_slice).collect(), schema)?;
+            Some(self.null_padded(side.name == "left", &batch)?)
+        };
+        let mut index = WriteBatch::new();
+        let n = expired.len() as i64;
+        for (tk, _) in expired {
+            index.delete(tk);
+        }
+        time_store
+            .apply(index.with_key_delta(-n))
+            .map_err(state_error)?;
+        Ok((removed, unmatched))
     }
 
     /// `rows` of one side with nulls for the other side's columns, in the output schema.
