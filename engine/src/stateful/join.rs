@@ -251,6 +251,18 @@ impl StreamJoinExec {
     }
 }
 
+/// What matching a batch's new rows gave: the joined rows the condition passed, and which new
+/// and stored rows (a stored row as its join key and position in the key's list) matched.
+struct Matched<'a> {
+    joined: RecordBatch,
+    new_left_matched: Vec<bool>,
+    new_right_matched: Vec<bool>,
+    old_left: Vec<(&'a [u8], usize)>,
+    old_left_matched: Vec<bool>,
+    old_right: Vec<(&'a [u8], usize)>,
+    old_right_matched: Vec<bool>,
+}
+
 /// Rows of one side in a batch, with what the join needs of them.
 struct SideRows {
     batch: RecordBatch,
@@ -595,91 +607,18 @@ impl StreamJoin {
         left_lists.load(ls.as_ref(), &keys, "left")?;
         right_lists.load(rs.as_ref(), &keys, "right")?;
 
-        // Stored rows the new rows meet, each decoded once: (key, position in its list).
-        let (mut old_left, mut old_right) = (StoredRefs::default(), StoredRefs::default());
-        let mut r_by_key: HashMap<&[u8], Vec<usize>> = HashMap::new();
-        for (i, k) in r.keys.iter().enumerate() {
-            r_by_key.entry(k.data()).or_default().push(i);
-        }
-        let mut pairs: Vec<((usize, usize), (usize, usize))> = vec![];
-        for (i, k) in l.keys.iter().enumerate() {
-            let k = k.data();
-            pairs.extend(old_right.of(&right_lists, k).map(|p| ((0, i), (1, p))));
-            for &j in r_by_key.get(k).into_iter().flatten() {
-                pairs.push(((0, i), (0, j)));
-            }
-        }
-        for (j, k) in r.keys.iter().enumerate() {
-            pairs.extend(old_left.of(&left_lists, k.data()).map(|p| ((1, p), (0, j))));
-        }
-        let (old_left, old_right) = (old_left.rows, old_right.rows);
-        let stored_left = decode(
-            &left_rows,
-            old_left
-                .iter()
-                .map(|(k, p)| left_lists.entries(k)[*p].row.as_slice())
-                .collect(),
-            &left_schema,
-        )?;
-        let stored_right = decode(
-            &right_rows,
-            old_right
-                .iter()
-                .map(|(k, p)| right_lists.entries(k)[*p].row.as_slice())
-                .collect(),
-            &right_schema,
-        )?;
-        let left_part = interleave_record_batch(
-            &[&l.batch, &stored_left],
-            &pairs.iter().map(|p| p.0).collect::<Vec<_>>(),
-        )?;
-        let right_part = interleave_record_batch(
-            &[&r.batch, &stored_right],
-            &pairs.iter().map(|p| p.1).collect::<Vec<_>>(),
-        )?;
+        let Matched {
+            joined,
+            new_left_matched,
+            new_right_matched,
+            old_left,
+            old_left_matched,
+            old_right,
+            old_right_matched,
+        } = self.match_rows(&l, &r, &left_lists, &right_lists, &left_rows, &right_rows)?;
         let schema = Arc::clone(&self.plan.schema);
-        let mut columns = left_part.columns().to_vec();
-        columns.extend(right_part.columns().iter().cloned());
-        let joined = RecordBatch::try_new_with_options(
-            Arc::clone(&schema),
-            columns,
-            &arrow::array::RecordBatchOptions::new().with_row_count(Some(pairs.len())),
-        )?;
-        let (joined, passed): (RecordBatch, Vec<bool>) = match &self.plan.filter {
-            Some(f) if !pairs.is_empty() => {
-                let mask = f.evaluate(&joined)?.into_array(joined.num_rows())?;
-                let mask = mask
-                    .as_any()
-                    .downcast_ref::<BooleanArray>()
-                    .ok_or_else(|| DataFusionError::Internal("join filter is not boolean".into()))?
-                    .clone();
-                let passed = (0..mask.len())
-                    .map(|i| mask.is_valid(i) && mask.value(i))
-                    .collect();
-                (filter_record_batch(&joined, &mask)?, passed)
-            }
-            _ => (joined, vec![true; pairs.len()]),
-        };
         let mut outputs = vec![joined];
 
-        // Which rows matched, for outer joins' flags.
-        let mut new_left_matched = vec![false; l.batch.num_rows()];
-        let mut new_right_matched = vec![false; r.batch.num_rows()];
-        let mut old_left_matched = vec![false; old_left.len()];
-        let mut old_right_matched = vec![false; old_right.len()];
-        for (p, ok) in pairs.iter().zip(&passed) {
-            if !ok {
-                continue;
-            }
-            match p.0 {
-                (0, i) => new_left_matched[i] = true,
-                (_, i) => old_left_matched[i] = true,
-            }
-            match p.1 {
-                (0, j) => new_right_matched[j] = true,
-                (_, j) => old_right_matched[j] = true,
-            }
-        }
         // Only an outer side's flags are ever read: an inner side's lists are not rewritten
         // for them.
         let old_left: Vec<(Vec<u8>, usize)> = old_left
@@ -804,6 +743,115 @@ impl StreamJoin {
             rows_in_state: RowsInState::Counted((left_count.rows + right_count.rows).max(0) as u64),
             updates,
             removals,
+        })
+    }
+
+    /// Matches the batch's new rows of each side with the other side's new and stored rows
+    /// (`left_lists`, `right_lists`: the stored lists of the batch's keys), keeps the pairs the
+    /// rest of the condition passes, and says which rows matched.
+    fn match_rows<'a>(
+        &self,
+        l: &'a SideRows,
+        r: &'a SideRows,
+        left_lists: &Lists,
+        right_lists: &Lists,
+        left_rows: &RowConverter,
+        right_rows: &RowConverter,
+    ) -> Result<Matched<'a>> {
+        let left_schema = self.left.input.schema();
+        let right_schema = self.right.input.schema();
+        // Stored rows the new rows meet, each decoded once: (key, position in its list).
+        let (mut old_left, mut old_right) = (StoredRefs::default(), StoredRefs::default());
+        let mut r_by_key: HashMap<&[u8], Vec<usize>> = HashMap::new();
+        for (i, k) in r.keys.iter().enumerate() {
+            r_by_key.entry(k.data()).or_default().push(i);
+        }
+        let mut pairs: Vec<((usize, usize), (usize, usize))> = vec![];
+        for (i, k) in l.keys.iter().enumerate() {
+            let k = k.data();
+            pairs.extend(old_right.of(right_lists, k).map(|p| ((0, i), (1, p))));
+            for &j in r_by_key.get(k).into_iter().flatten() {
+                pairs.push(((0, i), (0, j)));
+            }
+        }
+        for (j, k) in r.keys.iter().enumerate() {
+            pairs.extend(old_left.of(left_lists, k.data()).map(|p| ((1, p), (0, j))));
+        }
+        let (old_left, old_right) = (old_left.rows, old_right.rows);
+        let stored_left = decode(
+            left_rows,
+            old_left
+                .iter()
+                .map(|(k, p)| left_lists.entries(k)[*p].row.as_slice())
+                .collect(),
+            &left_schema,
+        )?;
+        let stored_right = decode(
+            right_rows,
+            old_right
+                .iter()
+                .map(|(k, p)| right_lists.entries(k)[*p].row.as_slice())
+                .collect(),
+            &right_schema,
+        )?;
+        let left_part = interleave_record_batch(
+            &[&l.batch, &stored_left],
+            &pairs.iter().map(|p| p.0).collect::<Vec<_>>(),
+        )?;
+        let right_part = interleave_record_batch(
+            &[&r.batch, &stored_right],
+            &pairs.iter().map(|p| p.1).collect::<Vec<_>>(),
+        )?;
+        let schema = Arc::clone(&self.plan.schema);
+        let mut columns = left_part.columns().to_vec();
+        columns.extend(right_part.columns().iter().cloned());
+        let joined = RecordBatch::try_new_with_options(
+            Arc::clone(&schema),
+            columns,
+            &arrow::array::RecordBatchOptions::new().with_row_count(Some(pairs.len())),
+        )?;
+        let (joined, passed): (RecordBatch, Vec<bool>) = match &self.plan.filter {
+            Some(f) if !pairs.is_empty() => {
+                let mask = f.evaluate(&joined)?.into_array(joined.num_rows())?;
+                let mask = mask
+                    .as_any()
+                    .downcast_ref::<BooleanArray>()
+                    .ok_or_else(|| DataFusionError::Internal("join filter is not boolean".into()))?
+                    .clone();
+                let passed = (0..mask.len())
+                    .map(|i| mask.is_valid(i) && mask.value(i))
+                    .collect();
+                (filter_record_batch(&joined, &mask)?, passed)
+            }
+            _ => (joined, vec![true; pairs.len()]),
+        };
+
+        // Which rows matched, for outer joins' flags.
+        let mut new_left_matched = vec![false; l.batch.num_rows()];
+        let mut new_right_matched = vec![false; r.batch.num_rows()];
+        let mut old_left_matched = vec![false; old_left.len()];
+        let mut old_right_matched = vec![false; old_right.len()];
+        for (p, ok) in pairs.iter().zip(&passed) {
+            if !ok {
+                continue;
+            }
+            match p.0 {
+                (0, i) => new_left_matched[i] = true,
+                (_, i) => old_left_matched[i] = true,
+            }
+            match p.1 {
+                (0, j) => new_right_matched[j] = true,
+                (_, j) => old_right_matched[j] = true,
+            }
+        }
+        Ok(Matched {
+            joined,
+            new_left_matched,
+            new_right_matched,
+            old_left,
+            old_left_matched,
+            old_right,
+            old_right_matched,
         })
     }
 
