@@ -38,7 +38,7 @@ use weir_sinks::OutputMode;
 use weir_state::table::times_up_to;
 use weir_state::{KeyRange, StateStore, WriteBatch};
 
-use super::kind::{OperatorKind, StateFormat};
+use super::kind::{OperatorKind, StateFormat, sort_fields};
 use super::operator::{Processed, RowsInState, ShuffleKey, StatefulOperator, Step};
 use super::watermark::{drop_late, event_micros};
 use super::{BatchWatermark, OperatorInfo, state_error, watermark_columns};
@@ -322,12 +322,6 @@ impl StreamingAggregate {
         let key_schema = Schema::new(key_fields);
         let value_schema = Schema::new(partial_schema.fields()[num_group..].to_vec());
         let aggregates = Aggregates::new(partial_agg, value_schema.fields().len())?;
-        let sort_fields = |s: &Schema| -> Vec<SortField> {
-            s.fields()
-                .iter()
-                .map(|f| SortField::new(f.data_type().clone()))
-                .collect()
-        };
         let mut fingerprint: Vec<String> = partial_agg
             .group_expr()
             .expr()

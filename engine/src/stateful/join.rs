@@ -42,7 +42,7 @@ use weir_planner::join::TimeBound;
 use weir_state::table::{TIME_PREFIX, time_key_with, times_up_to};
 use weir_state::{StateStore, WriteBatch};
 
-use super::kind::{OperatorKind, Placement, StateFormat};
+use super::kind::{OperatorKind, Placement, StateFormat, sort_fields};
 use super::operator::{Processed, RowsInState, ShuffleKey, StatefulExec, StatefulOperator, Step};
 use super::watermark::{drop_late, event_micros};
 use super::{BatchState, OperatorInfo, StateRun, state_error, watermark_columns};
@@ -90,14 +90,6 @@ pub(crate) struct StreamJoin {
     right: Side,
     key_fields: Vec<SortField>,
     info: OperatorInfo,
-}
-
-fn row_fields(schema: &Schema) -> Vec<SortField> {
-    schema
-        .fields()
-        .iter()
-        .map(|f| SortField::new(f.data_type().clone()))
-        .collect()
 }
 
 /// Stored rows (arrow-row of `schema`'s columns) as a batch.
@@ -593,8 +585,8 @@ impl StreamJoin {
         let r = self.side_rows(&self.right, &right_in, late_us)?;
         let left_schema = self.left.input.schema();
         let right_schema = self.right.input.schema();
-        let left_rows = RowConverter::new(row_fields(&left_schema))?;
-        let right_rows = RowConverter::new(row_fields(&right_schema))?;
+        let left_rows = RowConverter::new(sort_fields(&left_schema))?;
+        let right_rows = RowConverter::new(sort_fields(&right_schema))?;
 
         // Every key of the batch, on both sides: one multi_get per store.
         let keys: Vec<&[u8]> = l

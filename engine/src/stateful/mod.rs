@@ -89,6 +89,15 @@ impl StateBackend {
     }
 }
 
+/// What a checkpoint records of one operator's state: where it lives when a reset moved it, and
+/// its stores (an operator whose layout changed since an earlier weir keeps the recorded one
+/// where it can).
+#[derive(Debug)]
+struct Recorded {
+    layout: Option<StateLayout>,
+    stores: Vec<String>,
+}
+
 /// A directory removed when dropped.
 #[derive(Debug)]
 struct ScratchDir(Option<PathBuf>);
@@ -200,11 +209,8 @@ pub(crate) struct StateRun {
     evicted_up_to: Mutex<BTreeMap<weir_state::StoreId, i64>>,
     /// On an object-store checkpoint: the mirror of the provider's local `state/` folder.
     pub(crate) mirror: Option<crate::checkpoint::state_mirror::StateMirror>,
-    /// Where the state of operators a checkpoint reset moved lives, by operator ID.
-    layouts: std::sync::RwLock<BTreeMap<u32, StateLayout>>,
-    /// The stores the checkpoint records for each operator, by operator ID: an operator whose
-    /// layout changed since an earlier weir keeps the recorded one where it can.
-    recorded_stores: std::sync::RwLock<BTreeMap<u32, Vec<String>>>,
+    /// What the checkpoint records of each operator's state, by operator ID.
+    recorded: std::sync::RwLock<BTreeMap<u32, Recorded>>,
     /// The local RocksDB instances; declared after `provider` so they are closed first.
     _local: ScratchDir,
     /// The mirror's local folder, removed when the run ends.
@@ -262,8 +268,7 @@ impl StateRun {
             partitions,
             output_mode,
             evicted_up_to: Mutex::new(BTreeMap::new()),
-            layouts: std::sync::RwLock::new(BTreeMap::new()),
-            recorded_stores: std::sync::RwLock::new(BTreeMap::new()),
+            recorded: std::sync::RwLock::new(BTreeMap::new()),
             _mirrored: ScratchDir(mirror.as_ref().map(|m| m.local().to_path_buf())),
             mirror,
             _local: ScratchDir(local),
@@ -275,26 +280,26 @@ impl StateRun {
     /// Takes where each operator's state lives, and in which stores, from the checkpoint's
     /// record of `operators`, before the query is planned.
     pub(crate) fn set_layouts(&self, operators: &[OperatorInfo]) {
-        if let Ok(mut l) = self.layouts.write() {
-            *l = operators
+        if let Ok(mut r) = self.recorded.write() {
+            *r = operators
                 .iter()
-                .filter_map(|o| Some((o.operator_id, o.layout?)))
-                .collect();
-        }
-        if let Ok(mut s) = self.recorded_stores.write() {
-            *s = operators
-                .iter()
-                .map(|o| (o.operator_id, o.store_names.clone()))
+                .map(|o| {
+                    let recorded = Recorded {
+                        layout: o.layout,
+                        stores: o.store_names.clone(),
+                    };
+                    (o.operator_id, recorded)
+                })
                 .collect();
         }
     }
 
     /// The stores the checkpoint records for operator `operator`, if it records it.
     pub(crate) fn recorded_stores(&self, operator: u32) -> Option<Vec<String>> {
-        self.recorded_stores
+        self.recorded
             .read()
             .ok()
-            .and_then(|s| s.get(&operator).cloned())
+            .and_then(|r| r.get(&operator).map(|r| r.stores.clone()))
     }
 
     /// Where this run's last eviction from index store `id` stopped (`None` the first time),
@@ -313,10 +318,10 @@ impl StateRun {
         let mut info = OperatorInfo::placeholder();
         info.operator_id = operator;
         info.layout = self
-            .layouts
+            .recorded
             .read()
             .ok()
-            .and_then(|l| l.get(&operator).copied());
+            .and_then(|r| r.get(&operator).and_then(|r| r.layout));
         info
     }
 
