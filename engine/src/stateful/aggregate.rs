@@ -8,7 +8,7 @@
 //! StatefulExec<StreamingAggregate>, partition p (see `operator.rs` for the shell):
 //!   group    the batch's rows by encoded key (late rows dropped), merged into accumulators
 //!   load     multi_get those keys from store (op, p, default), merged in too
-//!   write    each group's new state, one WriteBatch
+//!   write    each group's new state, one batch of ValueChanges
 //!   emit     by output mode: the changed groups, every group, or (append) the evicted ones
 //!   evict    groups whose event time the watermark passed (a range scan)
 //! ```
@@ -35,8 +35,8 @@ use datafusion::physical_plan::aggregates::{AggregateExec, AggregateMode};
 use datafusion::physical_plan::{ExecutionPlan, PhysicalExpr};
 use weir_common::ClassifiedError;
 use weir_sinks::OutputMode;
-use weir_state::table::times_up_to;
-use weir_state::{KeyRange, StateStore, WriteBatch};
+use weir_state::table::{ValueChanges, times_up_to};
+use weir_state::{KeyRange, StateStore};
 
 use super::kind::{OperatorKind, StateFormat, sort_fields};
 use super::operator::{Processed, RowsInState, ShuffleKey, StatefulOperator, Step};
@@ -447,17 +447,17 @@ impl StreamingAggregate {
         })
     }
 
-    /// Merges the stored state of `groups`' keys into their accumulators; returns how many
-    /// of them were stored.
+    /// Merges the stored state of `groups`' keys into their accumulators; returns which of
+    /// them were stored.
     fn load(
         &self,
         store: &dyn StateStore,
         values: &RowConverter,
         groups: &mut Groups,
-    ) -> Result<usize> {
+    ) -> Result<Vec<bool>> {
         let n = groups.keys.len();
         if n == 0 {
-            return Ok(0);
+            return Ok(vec![]);
         }
         let key_refs: Vec<&[u8]> = groups.keys.iter().map(Vec::as_slice).collect();
         let stored = store.multi_get(&key_refs).map_err(state_error)?;
@@ -471,28 +471,27 @@ impl StreamingAggregate {
             let state = values.convert_rows(bytes.iter().map(|b| parser.parse(b)))?;
             self.aggregates.merge(&mut groups.accs, &state, &found, n)?;
         }
-        Ok(found.len())
+        Ok(stored.iter().map(Option::is_some).collect())
     }
 
-    /// Writes each group's new state (`state`, the accumulators' state columns).
+    /// Writes each group's new state (`state`, the accumulators' state columns; `stored`,
+    /// whether the group was in state before).
     fn write(
         &self,
         store: &mut dyn StateStore,
         values: &RowConverter,
         keys: &[Vec<u8>],
         state: &[ArrayRef],
-        new_keys: usize,
+        stored: &[bool],
     ) -> Result<()> {
-        let mut writes = WriteBatch::new();
+        let mut changes = ValueChanges::new();
         if !keys.is_empty() {
             let rows = values.convert_columns(state)?;
-            for (key, row) in keys.iter().zip(rows.iter()) {
-                writes.put(key.clone(), row.as_ref().to_vec());
+            for ((key, row), existed) in keys.iter().zip(rows.iter()).zip(stored) {
+                changes.put(key.clone(), row.as_ref().to_vec(), *existed);
             }
         }
-        store
-            .apply(writes.with_key_delta(new_keys as i64))
-            .map_err(state_error)
+        changes.apply_to(store).map_err(state_error)
     }
 
     /// Removes the groups whose event time the eviction watermark has passed (they are final)
@@ -505,13 +504,11 @@ impl StreamingAggregate {
         let range = times_up_to(None, watermark.eviction_ms.saturating_mul(1000));
         let expired = store.scan(&range).map_err(state_error)?;
         if !expired.is_empty() {
-            let mut deletes = WriteBatch::new();
+            let mut deletes = ValueChanges::new();
             for (k, _) in &expired {
-                deletes.delete(k.clone());
+                deletes.remove(k.clone());
             }
-            store
-                .apply(deletes.with_key_delta(-(expired.len() as i64)))
-                .map_err(state_error)?;
+            deletes.apply_to(store).map_err(state_error)?;
         }
         Ok(expired)
     }
@@ -567,19 +564,13 @@ impl StatefulOperator for StreamingAggregate {
         let input = input.into_iter().next().unwrap_or_default();
         let values = RowConverter::new(self.value_fields.clone())?;
         let mut groups = self.group(&input, watermark)?;
-        let stored_keys = self.load(store.as_ref(), &values, &mut groups)?;
+        let stored = self.load(store.as_ref(), &values, &mut groups)?;
         let n = groups.keys.len();
         let mut state = Vec::with_capacity(self.value_fields.len());
         for acc in &mut groups.accs {
             state.extend(acc.state(EmitTo::All)?);
         }
-        self.write(
-            store.as_mut(),
-            &values,
-            &groups.keys,
-            &state,
-            n - stored_keys,
-        )?;
+        self.write(store.as_mut(), &values, &groups.keys, &state, &stored)?;
 
         let key_refs: Vec<&[u8]> = groups.keys.iter().map(Vec::as_slice).collect();
         let mut output = match run.output_mode {

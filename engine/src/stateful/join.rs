@@ -39,8 +39,8 @@ use datafusion::physical_plan::{
     DisplayAs, DisplayFormatType, ExecutionPlan, Partitioning, PhysicalExpr, PlanProperties,
 };
 use weir_planner::join::TimeBound;
-use weir_state::table::{TIME_PREFIX, time_key_with, times_up_to};
-use weir_state::{StateStore, WriteBatch};
+use weir_state::StateStore;
+use weir_state::table::{TIME_PREFIX, ValueChanges, time_key_with, times_up_to};
 
 use super::kind::{OperatorKind, Placement, StateFormat, sort_fields};
 use super::operator::{Processed, RowsInState, ShuffleKey, StatefulExec, StatefulOperator, Step};
@@ -356,19 +356,17 @@ impl Lists {
         self.lists.get(key).map_or(&[], |l| &l.entries)
     }
 
-    fn writes(&self) -> WriteBatch {
-        let mut w = WriteBatch::new();
-        let mut delta = 0i64;
+    /// The changed lists: written, or removed when they emptied.
+    fn changes(&self) -> ValueChanges {
+        let mut changes = ValueChanges::new();
         for (k, l) in self.lists.iter().filter(|(_, l)| l.dirty) {
-            if l.entries.is_empty() {
-                delta -= i64::from(l.existed);
-                w.delete(k.clone());
-            } else {
-                delta += i64::from(!l.existed);
-                w.put(k.clone(), encode_list(&l.entries));
+            if !l.entries.is_empty() {
+                changes.put(k.clone(), encode_list(&l.entries), l.existed);
+            } else if l.existed {
+                changes.remove(k.clone());
             }
         }
-        w.with_key_delta(delta)
+        changes
     }
 }
 
@@ -523,10 +521,14 @@ impl RowCount {
         })
     }
 
-    fn write(&self) -> WriteBatch {
-        let mut w = WriteBatch::new();
-        w.put(COUNT_KEY.to_vec(), self.rows.to_be_bytes().to_vec());
-        w.with_key_delta(i64::from(!self.stored))
+    fn changes(&self) -> ValueChanges {
+        let mut changes = ValueChanges::new();
+        changes.put(
+            COUNT_KEY.to_vec(),
+            self.rows.to_be_bytes().to_vec(),
+            self.stored,
+        );
+        changes
     }
 }
 
@@ -720,10 +722,19 @@ impl StreamJoin {
             outputs.extend(unmatched);
         }
         for (time_store, counts) in [(&mut *lt, &left_count), (&mut *rt, &right_count)] {
-            time_store.apply(counts.write()).map_err(state_error)?;
+            counts
+                .changes()
+                .apply_to(&mut **time_store)
+                .map_err(state_error)?;
         }
-        ls.apply(left_lists.writes()).map_err(state_error)?;
-        rs.apply(right_lists.writes()).map_err(state_error)?;
+        left_lists
+            .changes()
+            .apply_to(&mut **ls)
+            .map_err(state_error)?;
+        right_lists
+            .changes()
+            .apply_to(&mut **rs)
+            .map_err(state_error)?;
         let removals = removing.elapsed();
 
         Ok(Processed {
@@ -896,14 +907,12 @@ impl StreamJoin {
             updated += 1;
             counts.rows += 1;
         }
-        let mut index = WriteBatch::new();
-        let entries = by_time.len() as i64;
+        // This batch's index keys are new (the batch ID is in them).
+        let mut index = ValueChanges::new();
         for (time, rows) in by_time {
-            index.put(index_key(time, batch)?, rows);
+            index.put(index_key(time, batch)?, rows, false);
         }
-        time_store
-            .apply(index.with_key_delta(entries))
-            .map_err(state_error)?;
+        index.apply_to(time_store).map_err(state_error)?;
         if timeless.is_empty() {
             return Ok((updated, None));
         }
@@ -987,14 +996,11 @@ impl StreamJoin {
             let batch = decode(conv, unmatched.iter().map(Vec::as_slice).collect(), schema)?;
             Some(self.null_padded(side.name == "left", &batch)?)
         };
-        let mut index = WriteBatch::new();
-        let n = expired.len() as i64;
+        let mut index = ValueChanges::new();
         for (tk, _) in expired {
-            index.delete(tk);
+            index.remove(tk);
         }
-        time_store
-            .apply(index.with_key_delta(-n))
-            .map_err(state_error)?;
+        index.apply_to(time_store).map_err(state_error)?;
         Ok((removed, unmatched))
     }
 

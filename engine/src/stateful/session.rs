@@ -14,7 +14,7 @@
 //!                                        evict sessions whose end the watermark passed, found
 //!                                        through the index "sessions-by-end" (append: emit
 //!                                        them); complete: emit every session
-//!                                        one WriteBatch per store → commit version N+1
+//!                                        one ValueChanges per store → commit N+1
 //! ```
 //!
 //! "sessions" maps a group key (arrow-row) to its sessions, in start order:
@@ -43,8 +43,8 @@ use datafusion::physical_plan::projection::ProjectionExec;
 use datafusion::physical_plan::{ExecutionPlan, PhysicalExpr};
 use weir_planner::session_window::SESSION_WINDOW_COLUMN;
 use weir_sinks::OutputMode;
-use weir_state::table::{after_time, time_key_with, times_up_to};
-use weir_state::{KeyRange, StateStore, WriteBatch};
+use weir_state::table::{ValueChanges, after_time, time_key_with, times_up_to};
+use weir_state::{KeyRange, StateStore};
 
 use super::aggregate::{Aggregates, partial_of, without_positions};
 use super::kind::{OperatorKind, Placement, StateFormat, decode_rows};
@@ -591,38 +591,29 @@ impl SessionWindowAggregate {
     ) -> Result<()> {
         // One write batch per store: each changed key's sessions, and the index entries of
         // the sessions that came or went.
-        let mut writes = WriteBatch::new();
-        let mut index_writes = WriteBatch::new();
-        let (mut key_delta, mut index_delta) = (0i64, 0i64);
+        let mut writes = ValueChanges::new();
+        let mut index_writes = ValueChanges::new();
         let mut changed: Vec<(&Vec<u8>, &KeySessions)> = by_key.iter().collect();
         changed.sort_by(|a, b| a.0.cmp(b.0));
         for (key, ks) in changed {
             let now: BTreeSet<i64> = ks.sessions.iter().map(|s| s.end).collect();
             let before: BTreeSet<i64> = ks.stored_ends.iter().copied().collect();
             for end in before.difference(&now) {
-                index_writes.delete(index_key(*end, key)?);
-                index_delta -= 1;
+                index_writes.remove(index_key(*end, key)?);
             }
             for end in now.difference(&before) {
-                index_writes.put(index_key(*end, key)?, Vec::new());
-                index_delta += 1;
+                index_writes.put(index_key(*end, key)?, Vec::new(), false);
             }
             if ks.sessions.is_empty() {
                 if ks.existed {
-                    writes.delete(key.clone());
-                    key_delta -= 1;
+                    writes.remove(key.clone());
                 }
             } else {
-                writes.put(key.clone(), encode_sessions(&ks.sessions));
-                key_delta += i64::from(!ks.existed);
+                writes.put(key.clone(), encode_sessions(&ks.sessions), ks.existed);
             }
         }
-        store
-            .apply(writes.with_key_delta(key_delta))
-            .map_err(state_error)?;
-        index
-            .apply(index_writes.with_key_delta(index_delta))
-            .map_err(state_error)?;
+        writes.apply_to(store).map_err(state_error)?;
+        index_writes.apply_to(index).map_err(state_error)?;
         Ok(())
     }
 
