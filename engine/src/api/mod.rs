@@ -1049,7 +1049,7 @@ pub(crate) struct Planned {
 /// `plan` rewritten for streaming (each stateful operator recognised) and checked, with fresh
 /// streaming tables, and whether it has stateful operators. `window_aliases`: group by a
 /// `window()`'s alias as by the call.
-fn streaming_plan(
+pub(crate) fn streaming_plan(
     plan: &LogicalPlan,
     output_mode: OutputMode,
     window_aliases: bool,

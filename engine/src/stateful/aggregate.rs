@@ -620,6 +620,7 @@ impl StatefulOperator for StreamingAggregate {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::stateful::testing::lines;
 
     #[test]
     fn fingerprints_leave_out_column_positions() {
@@ -667,22 +668,6 @@ mod tests {
             .await
             .unwrap();
         (op, partial)
-    }
-
-    /// The output rows as `k,s,n`, sorted.
-    fn lines(batch: &RecordBatch) -> Vec<String> {
-        let mut out: Vec<String> = (0..batch.num_rows())
-            .map(|r| {
-                (0..batch.num_columns())
-                    .map(|c| {
-                        arrow::util::display::array_value_to_string(batch.column(c), r).unwrap()
-                    })
-                    .collect::<Vec<_>>()
-                    .join(",")
-            })
-            .collect();
-        out.sort();
-        out
     }
 
     /// Two batches through the operator on an in-memory store in `mode`: each batch's output.

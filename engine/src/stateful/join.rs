@@ -1157,3 +1157,180 @@ impl ExecutionPlan for StreamJoinExec {
         ))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::stateful::testing::{Harness, event_schema, events, watermark};
+    use weir_sinks::OutputMode;
+
+    /// The join of two event streams on `k`, within a second of each other, watermarks 2 s
+    /// behind each side; `kind` is `JOIN` or `LEFT JOIN`.
+    async fn harness(kind: &str) -> Harness {
+        let sql = format!(
+            "SELECT a.k, a.v AS lv, b.v AS rv \
+             FROM STREAM lefts WATERMARK t DELAY OF INTERVAL 2 SECONDS AS a \
+             {kind} STREAM rights WATERMARK t DELAY OF INTERVAL 2 SECONDS AS b \
+             ON a.k = b.k AND b.t BETWEEN a.t - INTERVAL 1 SECOND AND a.t + INTERVAL 1 SECOND"
+        );
+        Harness::new(
+            &sql,
+            &[("lefts", event_schema()), ("rights", event_schema())],
+            OutputMode::Append,
+        )
+        .await
+    }
+
+    /// Joined rows as `k:left v-right v` (an absent side's value empty), sorted.
+    fn pairs(op: &StreamJoin, joined: &RecordBatch) -> Vec<String> {
+        let width = op.left.input.schema().fields().len();
+        let value = |c: usize, r: usize| {
+            arrow::util::display::array_value_to_string(joined.column(c), r).unwrap()
+        };
+        let (k, v) = (
+            op.left.input.schema().index_of("k").unwrap(),
+            op.left.input.schema().index_of("v").unwrap(),
+        );
+        let mut out: Vec<String> = (0..joined.num_rows())
+            .map(|r| format!("{}:{}-{}", value(k, r), value(v, r), value(width + v, r)))
+            .collect();
+        out.sort();
+        out
+    }
+
+    #[tokio::test]
+    async fn matching_meets_new_rows_with_each_other_and_with_the_other_sides_stored_rows() {
+        let mut h = harness("JOIN").await;
+        let first = h
+            .step::<StreamJoin>(
+                &[
+                    ("lefts", events(&[("a", Some(1), 1), ("b", Some(1), 2)])),
+                    ("rights", events(&[("a", Some(1), 10)])),
+                ],
+                watermark(0, 0),
+            )
+            .await;
+        assert_eq!(first.rows_in_state, RowsInState::Counted(3));
+
+        // The next batch's matching phase on its own: a@2 meets stored a@1 on the right, a@5
+        // is too far from it, stored b@1 on the left meets b@2, c meets nothing.
+        let planned = h
+            .phases::<StreamJoin>(
+                &[
+                    ("lefts", events(&[("a", Some(2), 3), ("a", Some(5), 4)])),
+                    ("rights", events(&[("b", Some(2), 20), ("c", Some(2), 30)])),
+                ],
+                watermark(0, 0),
+            )
+            .await;
+        let op = planned.operator::<StreamJoin>();
+        let stores = h.stores(op);
+        let l = op.side_rows(&op.left, &planned.input[0], 0).unwrap();
+        let r = op.side_rows(&op.right, &planned.input[1], 0).unwrap();
+        let keys: Vec<&[u8]> = l
+            .keys
+            .iter()
+            .chain(r.keys.iter())
+            .map(|k| k.data())
+            .collect();
+        let (mut left_lists, mut right_lists) = (Lists::default(), Lists::default());
+        left_lists.load(stores[0].as_ref(), &keys, "left").unwrap();
+        right_lists
+            .load(stores[2].as_ref(), &keys, "right")
+            .unwrap();
+        let left_rows = RowConverter::new(sort_fields(&op.left.input.schema())).unwrap();
+        let right_rows = RowConverter::new(sort_fields(&op.right.input.schema())).unwrap();
+        let m = op
+            .match_rows(&l, &r, &left_lists, &right_lists, &left_rows, &right_rows)
+            .unwrap();
+        assert_eq!(pairs(op, &m.joined), ["a:3-10", "b:2-20"]);
+        assert_eq!(m.new_left_matched, [true, false]);
+        assert_eq!(m.new_right_matched, [true, false]);
+        // Each stored row the new rows meet is decoded once, and says whether it matched.
+        assert_eq!((m.old_left.len(), m.old_left_matched), (1, vec![true]));
+        assert_eq!((m.old_right.len(), m.old_right_matched), (1, vec![true]));
+    }
+
+    #[tokio::test]
+    async fn an_inner_join_emits_each_match_once_and_evicts_rows_the_watermark_passed() {
+        let mut h = harness("JOIN").await;
+        let first = h
+            .step::<StreamJoin>(
+                &[
+                    ("lefts", events(&[("a", Some(1), 1), ("b", Some(1), 2)])),
+                    ("rights", events(&[("a", Some(1), 10)])),
+                ],
+                watermark(0, 0),
+            )
+            .await;
+        let planned = h.phases::<StreamJoin>(&[], watermark(0, 0)).await;
+        let op = planned.operator::<StreamJoin>();
+        assert_eq!(pairs(op, &first.output), ["a:1-10"]);
+        assert_eq!(first.rows_updated, 3);
+        let second = h
+            .step::<StreamJoin>(
+                &[("rights", events(&[("b", Some(2), 20)]))],
+                watermark(0, 0),
+            )
+            .await;
+        assert_eq!(pairs(op, &second.output), ["b:2-20"]);
+        assert_eq!(second.rows_in_state, RowsInState::Counted(4));
+        // At 10 s no row of either side can meet a row at 1 s or 2 s any more.
+        let third = h.step::<StreamJoin>(&[], watermark(10_000, 10_000)).await;
+        assert!(pairs(op, &third.output).is_empty());
+        assert_eq!(
+            (third.rows_removed, third.rows_in_state),
+            (4, RowsInState::Counted(0))
+        );
+        let stores = h.stores(op);
+        assert!(
+            stores.iter().all(|s| s.metrics().num_keys <= 1),
+            "only counts are left"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_left_outer_join_emits_a_left_row_that_never_matched_once_the_watermark_passes_it() {
+        let mut h = harness("LEFT JOIN").await;
+        let first = h
+            .step::<StreamJoin>(
+                &[
+                    ("lefts", events(&[("a", Some(1), 1), ("b", Some(1), 2)])),
+                    ("rights", events(&[("a", Some(1), 10)])),
+                ],
+                watermark(0, 0),
+            )
+            .await;
+        let planned = h.phases::<StreamJoin>(&[], watermark(0, 0)).await;
+        let op = planned.operator::<StreamJoin>();
+        assert_eq!(pairs(op, &first.output), ["a:1-10"]);
+        // b@1 s meets right rows up to 2 s: below a watermark of 2 s one may still come.
+        let second = h.step::<StreamJoin>(&[], watermark(0, 1_999)).await;
+        assert!(pairs(op, &second.output).is_empty());
+        let third = h.step::<StreamJoin>(&[], watermark(1_999, 2_000)).await;
+        assert_eq!(pairs(op, &third.output), ["b:2-"]);
+        assert_eq!(third.rows_in_state, RowsInState::Counted(0));
+    }
+
+    #[tokio::test]
+    async fn an_outer_sides_row_without_an_event_time_is_emitted_at_once_and_not_stored() {
+        let mut h = harness("LEFT JOIN").await;
+        let first = h
+            .step::<StreamJoin>(
+                &[
+                    ("lefts", events(&[("a", None, 1), ("b", Some(1), 2)])),
+                    ("rights", events(&[("a", Some(1), 10)])),
+                ],
+                watermark(0, 0),
+            )
+            .await;
+        let planned = h.phases::<StreamJoin>(&[], watermark(0, 0)).await;
+        let op = planned.operator::<StreamJoin>();
+        // a without a time never meets the time range: unmatched, out now, null-padded.
+        assert_eq!(pairs(op, &first.output), ["a:1-"]);
+        assert_eq!(
+            (first.rows_updated, first.rows_in_state),
+            (2, RowsInState::Counted(2))
+        );
+    }
+}

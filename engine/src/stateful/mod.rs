@@ -16,6 +16,8 @@ mod kind;
 mod metadata;
 mod operator;
 mod session;
+#[cfg(test)]
+mod testing;
 mod watermark;
 
 use std::collections::BTreeMap;

@@ -169,6 +169,12 @@ impl<O: StatefulOperator> StatefulExec<O> {
     pub(crate) fn info(&self) -> &OperatorInfo {
         self.inner.operator.info()
     }
+
+    /// The operator.
+    #[cfg(test)]
+    pub(crate) fn operator(&self) -> &O {
+        &self.inner.operator
+    }
 }
 
 impl<O: StatefulOperator> Shell<O> {

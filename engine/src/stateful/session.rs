@@ -47,7 +47,7 @@ use weir_state::table::{ValueChanges, after_time, time_key_with, times_up_to};
 use weir_state::{KeyRange, StateStore};
 
 use super::aggregate::{Aggregates, partial_of, without_positions};
-use super::kind::{OperatorKind, Placement, StateFormat, decode_rows};
+use super::kind::{OperatorKind, Placement, StateFormat, decode_rows, sort_fields};
 use super::operator::{Processed, RowsInState, ShuffleKey, StatefulOperator, Step};
 use super::watermark::event_micros;
 use super::{BatchWatermark, OperatorInfo, StateRun, state_error, watermark_columns};
@@ -206,12 +206,6 @@ impl SessionWindowAggregate {
             Arc::new(Field::new("session_end_us", DataType::Int64, false)),
         ];
         value_fields.extend(state_fields.iter().cloned());
-        let sort_fields = |fields: &[Arc<Field>]| -> Vec<SortField> {
-            fields
-                .iter()
-                .map(|f| SortField::new(f.data_type().clone()))
-                .collect()
-        };
         let mut fingerprint: Vec<String> = partial_agg
             .group_expr()
             .expr()
@@ -238,8 +232,8 @@ impl SessionWindowAggregate {
             session,
             aggregates,
             watermarked,
-            key_fields: sort_fields(key_schema.fields()),
-            value_fields: sort_fields(&state_fields),
+            key_fields: sort_fields(&key_schema),
+            value_fields: sort_fields(&Schema::new(state_fields)),
             schema: agg.schema(),
             info,
         })
@@ -777,5 +771,156 @@ mod tests {
             (20, 30, 0)
         );
         assert!(decode_sessions(&bytes[..bytes.len() - 1]).is_none());
+    }
+
+    use crate::stateful::testing::{Harness, event_schema, events, lines, watermark};
+
+    const SESSIONS_SQL: &str = "SELECT k, session_window(t, '5 seconds') AS s, count(*) AS n, \
+        sum(v) AS total FROM STREAM e WATERMARK t DELAY OF INTERVAL 2 SECONDS \
+        GROUP BY k, session_window(t, '5 seconds')";
+
+    async fn harness(mode: OutputMode) -> Harness {
+        Harness::new(SESSIONS_SQL, &[("e", event_schema())], mode).await
+    }
+
+    /// Each key's sessions in `by_key`, as (start s, end s), keys in order.
+    fn extents(by_key: &HashMap<Vec<u8>, KeySessions>) -> Vec<Vec<(i64, i64)>> {
+        let mut keys: Vec<&Vec<u8>> = by_key.keys().collect();
+        keys.sort();
+        keys.iter()
+            .map(|k| {
+                by_key[*k]
+                    .sessions
+                    .iter()
+                    .map(|s| (s.start / 1_000_000, s.end / 1_000_000))
+                    .collect()
+            })
+            .collect()
+    }
+
+    #[tokio::test]
+    async fn merging_joins_a_keys_rows_and_stored_sessions_that_overlap_or_touch() {
+        let mut h = harness(OutputMode::Complete).await;
+        let none = watermark(0, 0);
+        h.step::<SessionWindowAggregate>(
+            &[(
+                "e",
+                events(&[("a", Some(1), 1), ("a", Some(3), 2), ("b", Some(10), 5)]),
+            )],
+            none,
+        )
+        .await;
+
+        // The next batch's phases: a row at 8 s touches a's stored [1 s, 8 s); one at 20 s
+        // opens a session of its own; b is not read.
+        let planned = h
+            .phases::<SessionWindowAggregate>(
+                &[("e", events(&[("a", Some(20), 7), ("a", Some(8), 10)]))],
+                none,
+            )
+            .await;
+        let op = planned.operator::<SessionWindowAggregate>();
+        let stores = h.stores(op);
+        let new = op.new_rows(&planned.input[0], none).unwrap();
+        assert_eq!(
+            new.rows
+                .iter()
+                .map(|r| (r.1 / 1_000_000, r.2 / 1_000_000))
+                .collect::<Vec<_>>(),
+            [(20, 25), (8, 13)]
+        );
+        let mut by_key = HashMap::new();
+        let merged = op
+            .merge_sessions(stores[0].as_ref(), new, &mut by_key)
+            .unwrap();
+        assert_eq!(merged, 2);
+        assert_eq!(extents(&by_key), [vec![(1, 13), (20, 25)]]);
+        let a = by_key.values().next().unwrap();
+        assert!(a.existed);
+        assert_eq!(a.stored_ends, [8_000_000]);
+    }
+
+    #[tokio::test]
+    async fn complete_mode_emits_every_session_with_its_merged_aggregates() {
+        let mut h = harness(OutputMode::Complete).await;
+        let none = watermark(0, 0);
+        let first = h
+            .step::<SessionWindowAggregate>(
+                &[(
+                    "e",
+                    events(&[("a", Some(1), 1), ("a", Some(3), 2), ("b", Some(10), 5)]),
+                )],
+                none,
+            )
+            .await;
+        assert_eq!(
+            lines(&first.output),
+            [
+                "a,{start: 1970-01-01T00:00:01, end: 1970-01-01T00:00:08},2,3",
+                "b,{start: 1970-01-01T00:00:10, end: 1970-01-01T00:00:15},1,5",
+            ]
+        );
+        assert_eq!(first.rows_updated, 2);
+        let second = h
+            .step::<SessionWindowAggregate>(
+                &[("e", events(&[("a", Some(20), 7), ("a", Some(8), 10)]))],
+                none,
+            )
+            .await;
+        assert_eq!(
+            lines(&second.output),
+            [
+                "a,{start: 1970-01-01T00:00:01, end: 1970-01-01T00:00:13},3,13",
+                "a,{start: 1970-01-01T00:00:20, end: 1970-01-01T00:00:25},1,7",
+                "b,{start: 1970-01-01T00:00:10, end: 1970-01-01T00:00:15},1,5",
+            ]
+        );
+        assert_eq!((second.rows_updated, second.rows_removed), (2, 0));
+    }
+
+    #[tokio::test]
+    async fn append_mode_emits_and_evicts_the_sessions_the_watermark_passed_and_drops_late_rows() {
+        let mut h = harness(OutputMode::Append).await;
+        let first = h
+            .step::<SessionWindowAggregate>(
+                &[(
+                    "e",
+                    events(&[("a", Some(1), 1), ("a", Some(3), 2), ("b", Some(10), 5)]),
+                )],
+                watermark(0, 0),
+            )
+            .await;
+        assert!(lines(&first.output).is_empty());
+        // The watermark at 9 s passes a's session (ends 8 s), not b's (ends 15 s).
+        let second = h
+            .step::<SessionWindowAggregate>(&[], watermark(0, 9_000))
+            .await;
+        assert_eq!(
+            lines(&second.output),
+            ["a,{start: 1970-01-01T00:00:01, end: 1970-01-01T00:00:08},2,3"]
+        );
+        assert_eq!(second.rows_removed, 1);
+        // A row whose session would end at 7 s is late behind 9 s; b's row at 12 s merges.
+        let third = h
+            .step::<SessionWindowAggregate>(
+                &[("e", events(&[("a", Some(2), 100), ("b", Some(12), 1)]))],
+                watermark(9_000, 9_000),
+            )
+            .await;
+        assert!(lines(&third.output).is_empty());
+        assert_eq!(third.rows_dropped_by_watermark, 1);
+        let last = h
+            .step::<SessionWindowAggregate>(&[], watermark(9_000, 30_000))
+            .await;
+        assert_eq!(
+            lines(&last.output),
+            ["b,{start: 1970-01-01T00:00:10, end: 1970-01-01T00:00:17},2,6"]
+        );
+        // Nothing is left: a's state went with its session.
+        let planned = h
+            .phases::<SessionWindowAggregate>(&[], watermark(0, 0))
+            .await;
+        let stores = h.stores(planned.operator::<SessionWindowAggregate>());
+        assert!(stores.iter().all(|s| s.metrics().num_keys == 0));
     }
 }
