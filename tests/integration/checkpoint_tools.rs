@@ -11,19 +11,13 @@ fn weir(args: &[&str]) -> Output {
 
 /// Every file under `dir`, with its size.
 fn files(dir: &std::path::Path) -> Vec<(String, u64)> {
-    let mut out = vec![];
-    let mut todo = vec![dir.to_path_buf()];
-    while let Some(d) = todo.pop() {
-        for e in std::fs::read_dir(d).unwrap().flatten() {
-            if e.file_type().unwrap().is_dir() {
-                todo.push(e.path());
-            } else {
-                out.push((e.path().display().to_string(), e.metadata().unwrap().len()));
-            }
-        }
-    }
-    out.sort();
-    out
+    support::files(dir)
+        .into_iter()
+        .map(|p| {
+            let size = std::fs::metadata(&p).unwrap().len();
+            (p.display().to_string(), size)
+        })
+        .collect()
 }
 
 /// The query of [`killed_aggregation`], writing to `<dir>/<out>`, with `select` and `group` as
@@ -544,15 +538,6 @@ fn query_rows(setup: &str, sql: &str) -> Vec<String> {
     })
 }
 
-/// Runs `weir run <args>`, returning whether it succeeded and its stderr.
-fn run_cli(args: &[&str]) -> (bool, String) {
-    let out = weir(args);
-    (
-        out.status.success(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
-}
-
 /// `got` (values, ascending) holds one value of batch 0 (0..9) for each `value % 7`, then
 /// exactly `after`.
 fn assert_deduped_then_all(got: &[String], after: std::ops::Range<i64>) {
@@ -588,7 +573,7 @@ fn a_removed_dedupe_is_refused_then_a_selective_reset_continues_with_no_row_lost
     let plain = query("k, value");
 
     // Batches 0..2 commit; batch 3 is logged and killed before it writes.
-    let (ok, err) = run_cli(&[
+    let (ok, _, err) = support::weir(&[
         "run",
         "--checkpoint",
         &ck,
@@ -610,7 +595,7 @@ fn a_removed_dedupe_is_refused_then_a_selective_reset_continues_with_no_row_lost
         (0..7).map(|k| format!("{{k: {k}}}")).collect::<Vec<_>>()
     );
 
-    let (ok, err) = run_cli(&[
+    let (ok, _, err) = support::weir(&[
         "run",
         "--checkpoint",
         &ck,
@@ -646,7 +631,7 @@ fn a_removed_dedupe_is_refused_then_a_selective_reset_continues_with_no_row_lost
     let (ok, report) = validate(dir.path(), &ck, &plain);
     assert!(ok, "{report:#}");
 
-    let (ok, err) = run_cli(&[
+    let (ok, _, err) = support::weir(&[
         "run",
         "--checkpoint",
         &ck,
@@ -688,7 +673,7 @@ fn a_selective_reset_keeps_the_state_of_an_unchanged_aggregation() {
     let plain = query(&format!("SELECT k FROM {source}"));
 
     // Batches 0..2: 20 distinct keys pass the dedupe, 10 of each parity.
-    let (ok, err) = run_cli(&[
+    let (ok, _, err) = support::weir(&[
         "run",
         "--checkpoint",
         &ck,
@@ -727,7 +712,7 @@ fn a_selective_reset_keeps_the_state_of_an_unchanged_aggregation() {
     assert_eq!(r["operators"][1]["stateId"], 1);
 
     // Batches 3..5 count all 30 rows: 15 of each parity on top of 10.
-    let (ok, err) = run_cli(&[
+    let (ok, _, err) = support::weir(&[
         "run",
         "--checkpoint",
         &ck,
@@ -744,7 +729,7 @@ fn a_selective_reset_keeps_the_state_of_an_unchanged_aggregation() {
     assert_eq!(got, ["0,25", "1,25"]);
 
     // A restart after the reset still finds the moved state (read back from the checkpoint).
-    let (ok, err) = run_cli(&[
+    let (ok, _, err) = support::weir(&[
         "run",
         "--checkpoint",
         &ck,
@@ -781,7 +766,7 @@ fn a_selective_reset_keeps_the_state_of_an_operator_whose_position_moved() {
     };
     let both = query("DISTINCT ON (k) k, value");
     let inner_only = query("k, value");
-    let (ok, err) = run_cli(&[
+    let (ok, _, err) = support::weir(&[
         "run",
         "--checkpoint",
         &ck,
@@ -802,7 +787,7 @@ fn a_selective_reset_keeps_the_state_of_an_operator_whose_position_moved() {
     );
     assert_eq!(r["operators"][1]["action"], "dropped");
 
-    let (ok, err) = run_cli(&[
+    let (ok, _, err) = support::weir(&[
         "run",
         "--checkpoint",
         &ck,
@@ -847,7 +832,7 @@ fn a_selective_reset_starts_a_changed_operator_empty_at_the_next_batch() {
         "value % 3 AS k, sum(value) AS n",
         "GROUP BY value % 3",
     );
-    let (ok, err) = run_cli(&[
+    let (ok, _, err) = support::weir(&[
         "run",
         "--checkpoint",
         &ck,
@@ -864,7 +849,7 @@ fn a_selective_reset_starts_a_changed_operator_empty_at_the_next_batch() {
     assert_eq!(r["operators"][0]["firstBatch"], 3);
     assert_eq!(r["operators"][1]["action"], "dropped");
 
-    let (ok, err) = run_cli(&[
+    let (ok, _, err) = support::weir(&[
         "run",
         "--checkpoint",
         &ck,
@@ -901,12 +886,14 @@ fn a_full_refresh_clears_checkpoint_and_sink_and_a_killed_one_is_finished_by_run
     let sql = format!(
         "CREATE STREAMING TABLE t USING parquet LOCATION '{out}' AS SELECT value FROM STREAM {RATE}"
     );
-    let (ok, err) = run_cli(&["run", "--checkpoint", &ck, "--max-batches", "3", "-e", &sql]);
+    let (ok, _, err) =
+        support::weir(&["run", "--checkpoint", &ck, "--max-batches", "3", "-e", &sql]);
     assert!(ok, "{err}");
     let id_before = std::fs::read_to_string(dir.path().join("ck/metadata")).unwrap();
 
     kill_at(&["checkpoint", "reset", &ck, "--full"], "reset_mid", 0, &[]);
-    let (ok, err) = run_cli(&["run", "--checkpoint", &ck, "--max-batches", "1", "-e", &sql]);
+    let (ok, _, err) =
+        support::weir(&["run", "--checkpoint", &ck, "--max-batches", "1", "-e", &sql]);
     assert!(!ok);
     assert!(err.contains("CHECKPOINT_RESET_INCOMPLETE"), "{err}");
 
@@ -938,7 +925,8 @@ fn a_full_refresh_clears_checkpoint_and_sink_and_a_killed_one_is_finished_by_run
         "the sink's folder is empty"
     );
 
-    let (ok, err) = run_cli(&["run", "--checkpoint", &ck, "--max-batches", "2", "-e", &sql]);
+    let (ok, _, err) =
+        support::weir(&["run", "--checkpoint", &ck, "--max-batches", "2", "-e", &sql]);
     assert!(ok, "{err}");
     let got = query_rows(
         &format!("CREATE EXTERNAL TABLE o STORED AS PARQUET LOCATION '{out}'"),
@@ -952,15 +940,16 @@ fn a_full_refresh_of_a_sink_weir_cannot_clear_is_refused_without_keep_sink_data(
     let dir = tempfile::tempdir().unwrap();
     let ck = dir.path().join("ck").display().to_string();
     let sql = format!("SELECT value FROM STREAM {RATE}");
-    let (ok, err) = run_cli(&["run", "--checkpoint", &ck, "--max-batches", "2", "-e", &sql]);
+    let (ok, _, err) =
+        support::weir(&["run", "--checkpoint", &ck, "--max-batches", "2", "-e", &sql]);
     assert!(ok, "{err}");
     let before = files(&dir.path().join("ck"));
-    let (ok, err) = run_cli(&["checkpoint", "reset", &ck, "--full"]);
+    let (ok, _, err) = support::weir(&["checkpoint", "reset", &ck, "--full"]);
     assert!(!ok);
     assert!(err.contains("FULL_REFRESH_SINK_NOT_CLEARABLE"), "{err}");
     assert_eq!(files(&dir.path().join("ck")), before, "nothing was touched");
 
-    let (ok, err) = run_cli(&["checkpoint", "reset", &ck, "--full", "--keep-sink-data"]);
+    let (ok, _, err) = support::weir(&["checkpoint", "reset", &ck, "--full", "--keep-sink-data"]);
     assert!(ok, "{err}");
     assert!(!dir.path().join("ck/commits").exists());
 }
@@ -982,13 +971,15 @@ fn a_full_refresh_empties_a_delta_table_and_the_query_writes_it_again() {
         "CREATE EXTERNAL TABLE c STORED AS DELTA LOCATION '{}'",
         dir.path().join("out").display()
     );
-    let (ok, err) = run_cli(&["run", "--checkpoint", &ck, "--max-batches", "3", "-e", &sql]);
+    let (ok, _, err) =
+        support::weir(&["run", "--checkpoint", &ck, "--max-batches", "3", "-e", &sql]);
     assert!(ok, "{err}");
-    let (ok, err) = run_cli(&["checkpoint", "reset", &ck, "--full"]);
+    let (ok, _, err) = support::weir(&["checkpoint", "reset", &ck, "--full"]);
     assert!(ok, "{err}");
     assert_eq!(query_rows(&table, "SELECT count(*) FROM c"), ["0"]);
 
-    let (ok, err) = run_cli(&["run", "--checkpoint", &ck, "--max-batches", "2", "-e", &sql]);
+    let (ok, _, err) =
+        support::weir(&["run", "--checkpoint", &ck, "--max-batches", "2", "-e", &sql]);
     assert!(ok, "{err}");
     // Batches 0 and 1 again: values 0..19.
     assert_eq!(
@@ -1087,7 +1078,8 @@ fn repartition_rewrites_the_state_into_new_partitions_and_the_counts_continue() 
         "value % 7 AS k, count(*) AS n",
         "GROUP BY value % 7",
     );
-    let (ok, err) = run_cli(&["run", "--checkpoint", &ck, "--max-batches", "3", "-e", &sql]);
+    let (ok, _, err) =
+        support::weir(&["run", "--checkpoint", &ck, "--max-batches", "3", "-e", &sql]);
     assert!(ok, "{err}");
     let out = weir(&[
         "checkpoint",
@@ -1122,7 +1114,8 @@ fn repartition_rewrites_the_state_into_new_partitions_and_the_counts_continue() 
     assert_eq!(total, 7);
 
     // Batches 3 and 4 run with 3 partitions: the counts of values 0..49.
-    let (ok, err) = run_cli(&["run", "--checkpoint", &ck, "--max-batches", "2", "-e", &sql]);
+    let (ok, _, err) =
+        support::weir(&["run", "--checkpoint", &ck, "--max-batches", "2", "-e", &sql]);
     assert!(ok, "{err}");
     let got = query_rows(
         &format!(
@@ -1143,7 +1136,7 @@ fn repartition_rewrites_the_state_into_new_partitions_and_the_counts_continue() 
     // Batch 1 ran before the repartition; batch 4 after it replays.
     let file = dir.path().join("q.sql");
     std::fs::write(&file, &sql).unwrap();
-    let (ok, err) = run_cli(&[
+    let (ok, _, err) = support::weir(&[
         "checkpoint",
         "replay",
         &ck,
@@ -1153,7 +1146,7 @@ fn repartition_rewrites_the_state_into_new_partitions_and_the_counts_continue() 
     ]);
     assert!(!ok);
     assert!(err.contains("CHECKPOINT_BATCH_BEFORE_RESET"), "{err}");
-    let (ok, err) = run_cli(&[
+    let (ok, _, err) = support::weir(&[
         "checkpoint",
         "replay",
         &ck,
@@ -1189,7 +1182,7 @@ fn a_source_reset_starts_a_moved_file_source_in_its_new_folder() {
             d.display()
         )
     };
-    let (ok, err) = run_cli(&[
+    let (ok, _, err) = support::weir(&[
         "run",
         "--checkpoint",
         &ck,
@@ -1200,7 +1193,7 @@ fn a_source_reset_starts_a_moved_file_source_in_its_new_folder() {
     ]);
     assert!(ok, "{err}");
     let moved = query(&d2);
-    let (ok, err) = run_cli(&[
+    let (ok, _, err) = support::weir(&[
         "run",
         "--checkpoint",
         &ck,
@@ -1222,7 +1215,7 @@ fn a_source_reset_starts_a_moved_file_source_in_its_new_folder() {
     let (ok, report) = validate(dir.path(), &ck, &moved);
     assert!(ok, "the reset source is accepted: {report:#}");
 
-    let (ok, err) = run_cli(&[
+    let (ok, _, err) = support::weir(&[
         "run",
         "--checkpoint",
         &ck,
@@ -1238,7 +1231,7 @@ fn a_source_reset_starts_a_moved_file_source_in_its_new_folder() {
     );
     assert_eq!(got, ["1", "2", "101"]);
     // The next restart checks against the new folder, as usual.
-    let (ok, err) = run_cli(&[
+    let (ok, _, err) = support::weir(&[
         "run",
         "--checkpoint",
         &ck,
@@ -1258,16 +1251,18 @@ fn a_global_aggregates_state_is_read_and_repartitioned() {
     let dir = tempfile::tempdir().unwrap();
     let ck = dir.path().join("ck").display().to_string();
     let sql = aggregation_sql(dir.path(), "out", RATE, "count(*) AS n", "");
-    let (ok, err) = run_cli(&["run", "--checkpoint", &ck, "--max-batches", "3", "-e", &sql]);
+    let (ok, _, err) =
+        support::weir(&["run", "--checkpoint", &ck, "--max-batches", "3", "-e", &sql]);
     assert!(ok, "{err}");
     let entries = query_rows(
         "",
         &format!("SELECT value FROM read_state('{ck}', operatorId => 0)"),
     );
     assert_eq!(entries, ["{count(Int64(1))[count]: 30}"]);
-    let (ok, err) = run_cli(&["checkpoint", "repartition", &ck, "--partitions", "3"]);
+    let (ok, _, err) = support::weir(&["checkpoint", "repartition", &ck, "--partitions", "3"]);
     assert!(ok, "{err}");
-    let (ok, err) = run_cli(&["run", "--checkpoint", &ck, "--max-batches", "2", "-e", &sql]);
+    let (ok, _, err) =
+        support::weir(&["run", "--checkpoint", &ck, "--max-batches", "2", "-e", &sql]);
     assert!(ok, "{err}");
     let got = query_rows(
         &format!(
@@ -1292,7 +1287,7 @@ fn a_full_refresh_refuses_a_spark_checkpoint_and_leaves_it_alone() {
     .unwrap();
     std::fs::write(ck.join("offsets/0"), "v1\n{}\n{\"logOffset\":0}").unwrap();
     let before = files(&ck);
-    let (ok, err) = run_cli(&["checkpoint", "reset", ck.to_str().unwrap(), "--full"]);
+    let (ok, _, err) = support::weir(&["checkpoint", "reset", ck.to_str().unwrap(), "--full"]);
     assert!(!ok);
     assert!(err.contains("CHECKPOINT_LOCATION_NOT_WEIR"), "{err}");
     assert_eq!(files(&ck), before);
@@ -1307,7 +1302,8 @@ fn read_state_gives_each_session_of_a_session_window_aggregation() {
     let sql = "SELECT value % 2 AS k, session_window(timestamp, '10 seconds') AS s, count(*) \
                AS n FROM STREAM(rate_micro_batch(rowsPerBatch => 10), watermark => 'timestamp', \
                delay => '1 second') GROUP BY value % 2, session_window(timestamp, '10 seconds')";
-    let (ok, err) = run_cli(&["run", "--checkpoint", &ck, "--max-batches", "2", "-e", sql]);
+    let (ok, _, err) =
+        support::weir(&["run", "--checkpoint", &ck, "--max-batches", "2", "-e", sql]);
     assert!(ok, "{err}");
     let mut rows = query_rows(
         "",
@@ -1322,7 +1318,7 @@ fn read_state_gives_each_session_of_a_session_window_aggregation() {
             .map(|k| format!("{{rate_micro_batch.value % Int64(2): {k}}},{{{session}}}"))
             .to_vec()
     );
-    let (ok, err) = run_cli(&[
+    let (ok, _, err) = support::weir(&[
         "run",
         "-e",
         &format!("SELECT * FROM read_state('{ck}', 0, storeName => 'sessions-by-end')"),
@@ -1332,9 +1328,10 @@ fn read_state_gives_each_session_of_a_session_window_aggregation() {
 
     // Repartitioned (both stores, the index by the group key after the session's end), the
     // sessions keep growing: 20 rows per key after two more batches.
-    let (ok, err) = run_cli(&["checkpoint", "repartition", &ck, "--partitions", "3"]);
+    let (ok, _, err) = support::weir(&["checkpoint", "repartition", &ck, "--partitions", "3"]);
     assert!(ok, "{err}");
-    let (ok, err) = run_cli(&["run", "--checkpoint", &ck, "--max-batches", "2", "-e", sql]);
+    let (ok, _, err) =
+        support::weir(&["run", "--checkpoint", &ck, "--max-batches", "2", "-e", sql]);
     assert!(ok, "{err}");
     let counts = query_rows(
         "",
@@ -1382,7 +1379,7 @@ fn a_stream_stream_joins_state_is_read_and_repartitioned_and_the_join_continues(
     };
     let progress = dir.path().join("progress.jsonl");
     let run = |ck: &str, out: &str, batches: &str| {
-        let (ok, err) = run_cli(&[
+        let (ok, _, err) = support::weir(&[
             "run",
             "--checkpoint",
             ck,
@@ -1440,7 +1437,7 @@ fn a_stream_stream_joins_state_is_read_and_repartitioned_and_the_join_continues(
         ("joinSide => 'middle'", "STDS_INVALID_OPTION_VALUE"),
         ("storeName => 'left-times'", "STDS_UNSUPPORTED_OPERATOR"),
     ] {
-        let (ok, err) = run_cli(&[
+        let (ok, _, err) = support::weir(&[
             "run",
             "-e",
             &format!("SELECT * FROM read_state('{ck}', operatorId => 0, {args})"),
@@ -1448,7 +1445,7 @@ fn a_stream_stream_joins_state_is_read_and_repartitioned_and_the_join_continues(
         assert!(!ok && err.contains(class), "{args}: {err}");
     }
 
-    let (ok, err) = run_cli(&["checkpoint", "repartition", &ck, "--partitions", "3"]);
+    let (ok, _, err) = support::weir(&["checkpoint", "repartition", &ck, "--partitions", "3"]);
     assert!(ok, "{err}");
     let mut moved = side_rows("left");
     let mut before = left.clone();
@@ -1483,7 +1480,7 @@ fn a_delta_source_reset_to_an_earlier_starting_version_warns_of_the_overlap() {
     let src = dir.path().join("src").display().to_string();
     let src_ck = dir.path().join("src-ck").display().to_string();
     let add_rows = |batches: &str| {
-        let (ok, err) = run_cli(&[
+        let (ok, _, err) = support::weir(&[
             "run",
             "--checkpoint",
             &src_ck,
@@ -1508,7 +1505,7 @@ fn a_delta_source_reset_to_an_earlier_starting_version_warns_of_the_overlap() {
     };
     let ck = dir.path().join("ck").display().to_string();
     let run = || {
-        let (ok, err) = run_cli(&[
+        let (ok, _, err) = support::weir(&[
             "run",
             "--checkpoint",
             &ck,

@@ -175,12 +175,10 @@ fn a_damaged_checkpoint_is_reported_with_its_path_and_left_untouched() {
         "2",
     ]);
     assert!(ok, "{stderr}");
+    // Every file but the run lock, with its content.
     let snapshot = |p: &std::path::Path| {
-        let mut files: Vec<(String, Vec<u8>)> = walk(p)
-            .into_iter()
-            .map(|f| (f.display().to_string(), std::fs::read(&f).unwrap()))
-            .collect();
-        files.sort();
+        let mut files = support::contents(p);
+        files.retain(|(f, _)| !std::path::Path::new(f).ends_with(".weir-lock"));
         files
     };
     let run_one = || {
@@ -227,19 +225,6 @@ fn a_damaged_checkpoint_is_reported_with_its_path_and_left_untouched() {
     let (ok, _, stderr) = run_one();
     assert!(ok, "{stderr}");
     assert!(ck.join("commits/2").exists());
-}
-
-fn walk(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
-    let mut out = vec![];
-    for e in std::fs::read_dir(dir).unwrap() {
-        let p = e.unwrap().path();
-        if p.is_dir() {
-            out.extend(walk(&p));
-        } else if !p.ends_with(".weir-lock") {
-            out.push(p);
-        }
-    }
-    out
 }
 
 #[test]

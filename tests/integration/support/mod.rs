@@ -139,8 +139,8 @@ pub async fn text_rows(session: &WeirSession, sql: &str) -> Vec<String> {
     out
 }
 
-/// Every file under `dir` with its content.
-pub fn contents(dir: &std::path::Path) -> Vec<(String, Vec<u8>)> {
+/// Every file under `dir`, sorted.
+pub fn files(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
     let mut out = vec![];
     let mut todo = vec![dir.to_path_buf()];
     while let Some(d) = todo.pop() {
@@ -148,13 +148,23 @@ pub fn contents(dir: &std::path::Path) -> Vec<(String, Vec<u8>)> {
             if e.file_type().unwrap().is_dir() {
                 todo.push(e.path());
             } else {
-                let rel = e.path().strip_prefix(dir).unwrap().display().to_string();
-                out.push((rel, std::fs::read(e.path()).unwrap()));
+                out.push(e.path());
             }
         }
     }
     out.sort();
     out
+}
+
+/// Every file under `dir` (relative to it) with its content.
+pub fn contents(dir: &std::path::Path) -> Vec<(String, Vec<u8>)> {
+    files(dir)
+        .into_iter()
+        .map(|p| {
+            let rel = p.strip_prefix(dir).unwrap().display().to_string();
+            (rel, std::fs::read(&p).unwrap())
+        })
+        .collect()
 }
 
 pub fn copy_dir(from: &std::path::Path, to: &std::path::Path) {
