@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use arrow::array::{Array, ArrayRef, StructArray, TimestampMicrosecondArray};
-use arrow::datatypes::{DataType, Field, Fields, TimeUnit};
+use arrow::datatypes::{DataType, Field, Fields, TimeUnit, TimestampMicrosecondType};
 use datafusion::common::tree_node::{Transformed, TreeNode};
 use datafusion::common::{Result, ScalarValue, exec_err, plan_err};
 use datafusion::logical_expr::{
@@ -134,16 +134,16 @@ impl ScalarUDFImpl for WindowFunction {
         let Some(time) = time.as_any().downcast_ref::<TimestampMicrosecondArray>() else {
             return exec_err!("window(): cannot read the time column as microseconds");
         };
-        // As Spark: the window start is the last start at or before the time.
+        // As Spark: the window start is the last start at or before the time. Every row
+        // passes through here, so the values are mapped in place (nulls kept as they are;
+        // the arithmetic wraps, so a null slot's arbitrary value cannot overflow).
         let starts: TimestampMicrosecondArray = time
-            .iter()
-            .map(|t| t.map(|t| t - (t - start).rem_euclid(slide)))
-            .collect::<TimestampMicrosecondArray>()
+            .unary::<_, TimestampMicrosecondType>(|t| {
+                t.wrapping_sub(t.wrapping_sub(start).rem_euclid(slide))
+            })
             .with_timezone_opt(tz.clone());
         let ends: TimestampMicrosecondArray = starts
-            .iter()
-            .map(|s| s.map(|s| s + width))
-            .collect::<TimestampMicrosecondArray>()
+            .unary::<_, TimestampMicrosecondType>(|s| s.wrapping_add(width))
             .with_timezone_opt(tz.clone());
         let columns: Vec<ArrayRef> = vec![Arc::new(starts), Arc::new(ends)];
         let out = StructArray::try_new(struct_fields(tz), columns, time.nulls().cloned())?;

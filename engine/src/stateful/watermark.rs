@@ -7,7 +7,7 @@ use std::fmt;
 use std::sync::Arc;
 
 use arrow::array::{Array, BooleanArray, Int64Array, RecordBatch, TimestampMicrosecondArray};
-use arrow::compute::{cast, filter, filter_record_batch};
+use arrow::compute::{cast, filter, filter_record_batch, max, min};
 use arrow::datatypes::{DataType, TimeUnit};
 use async_trait::async_trait;
 use datafusion::common::tree_node::TreeNodeRecursion;
@@ -112,23 +112,26 @@ pub(crate) fn drop_late(
     Ok((kept, kept_times, dropped))
 }
 
+/// The event-time figures of `batch`'s `column` (none when every time is null), with
+/// arrow's kernels: this runs on every row of a watermarked stream.
 fn stats_of(batch: &RecordBatch, column: usize, delay_ms: i64) -> Result<Option<EventTimeStats>> {
     let times = event_micros(batch.column(column))?;
-    let mut s: Option<EventTimeStats> = None;
-    for t in times.iter().flatten() {
-        let one = EventTimeStats {
-            min_us: t,
-            max_us: t,
-            sum_us: i128::from(t),
-            count: 1,
-            delay_ms,
-        };
-        match &mut s {
-            Some(s) => s.merge(&one),
-            None => s = Some(one),
-        }
-    }
-    Ok(s)
+    let (Some(min_us), Some(max_us)) = (min(&times), max(&times)) else {
+        return Ok(None);
+    };
+    // A sum of microsecond times overflows i64 after a few thousand rows.
+    let sum_us: i128 = if times.null_count() == 0 {
+        times.values().iter().map(|&t| i128::from(t)).sum()
+    } else {
+        times.iter().flatten().map(i128::from).sum()
+    };
+    Ok(Some(EventTimeStats {
+        min_us,
+        max_us,
+        sum_us,
+        count: (times.len() - times.null_count()) as u64,
+        delay_ms,
+    }))
 }
 
 /// Passes rows through; with a batch attached, records their event times as watermark
@@ -318,6 +321,38 @@ impl QueryPlanner for WeirQueryPlanner {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_batchs_event_time_figures_skip_nulls_and_sum_past_i64() {
+        let big = i64::MAX / 2;
+        let schema = Arc::new(arrow::datatypes::Schema::new(vec![
+            arrow::datatypes::Field::new(
+                "t",
+                DataType::Timestamp(TimeUnit::Microsecond, None),
+                true,
+            ),
+        ]));
+        let batch = |times: Vec<Option<i64>>| {
+            RecordBatch::try_new(
+                Arc::clone(&schema),
+                vec![Arc::new(TimestampMicrosecondArray::from(times))],
+            )
+            .unwrap()
+        };
+        let s = stats_of(&batch(vec![Some(big), None, Some(-5), Some(big)]), 0, 7)
+            .unwrap()
+            .unwrap();
+        assert_eq!(
+            (s.min_us, s.max_us, s.sum_us, s.count, s.delay_ms),
+            (-5, big, 2 * i128::from(big) - 5, 3, 7)
+        );
+        let s = stats_of(&batch(vec![Some(3), Some(1)]), 0, 0)
+            .unwrap()
+            .unwrap();
+        assert_eq!((s.min_us, s.max_us, s.sum_us, s.count), (1, 3, 4, 2));
+        assert!(stats_of(&batch(vec![None, None]), 0, 0).unwrap().is_none());
+        assert!(stats_of(&batch(vec![]), 0, 0).unwrap().is_none());
+    }
 
     fn stats(max_us: i64, delay_ms: i64) -> EventTimeStats {
         EventTimeStats {
