@@ -1181,6 +1181,18 @@ mod tests {
         .await
     }
 
+    /// Batch 0 of every test: a@1 s and b@1 s on the left, a@1 s on the right.
+    async fn first_batch(h: &mut Harness) -> Processed {
+        h.step::<StreamJoin>(
+            &[
+                ("lefts", events(&[("a", Some(1), 1), ("b", Some(1), 2)])),
+                ("rights", events(&[("a", Some(1), 10)])),
+            ],
+            watermark(0, 0),
+        )
+        .await
+    }
+
     /// Joined rows as `k:left v-right v` (an absent side's value empty), sorted.
     fn pairs(op: &StreamJoin, joined: &RecordBatch) -> Vec<String> {
         let width = op.left.input.schema().fields().len();
@@ -1201,15 +1213,7 @@ mod tests {
     #[tokio::test]
     async fn matching_meets_new_rows_with_each_other_and_with_the_other_sides_stored_rows() {
         let mut h = harness("JOIN").await;
-        let first = h
-            .step::<StreamJoin>(
-                &[
-                    ("lefts", events(&[("a", Some(1), 1), ("b", Some(1), 2)])),
-                    ("rights", events(&[("a", Some(1), 10)])),
-                ],
-                watermark(0, 0),
-            )
-            .await;
+        let first = first_batch(&mut h).await;
         assert_eq!(first.rows_in_state, RowsInState::Counted(3));
 
         // The next batch's matching phase on its own: a@2 meets stored a@1 on the right, a@5
@@ -1254,15 +1258,7 @@ mod tests {
     #[tokio::test]
     async fn an_inner_join_emits_each_match_once_and_evicts_rows_the_watermark_passed() {
         let mut h = harness("JOIN").await;
-        let first = h
-            .step::<StreamJoin>(
-                &[
-                    ("lefts", events(&[("a", Some(1), 1), ("b", Some(1), 2)])),
-                    ("rights", events(&[("a", Some(1), 10)])),
-                ],
-                watermark(0, 0),
-            )
-            .await;
+        let first = first_batch(&mut h).await;
         let planned = h.phases::<StreamJoin>(&[], watermark(0, 0)).await;
         let op = planned.operator::<StreamJoin>();
         assert_eq!(pairs(op, &first.output), ["a:1-10"]);
@@ -1292,15 +1288,7 @@ mod tests {
     #[tokio::test]
     async fn a_left_outer_join_emits_a_left_row_that_never_matched_once_the_watermark_passes_it() {
         let mut h = harness("LEFT JOIN").await;
-        let first = h
-            .step::<StreamJoin>(
-                &[
-                    ("lefts", events(&[("a", Some(1), 1), ("b", Some(1), 2)])),
-                    ("rights", events(&[("a", Some(1), 10)])),
-                ],
-                watermark(0, 0),
-            )
-            .await;
+        let first = first_batch(&mut h).await;
         let planned = h.phases::<StreamJoin>(&[], watermark(0, 0)).await;
         let op = planned.operator::<StreamJoin>();
         assert_eq!(pairs(op, &first.output), ["a:1-10"]);

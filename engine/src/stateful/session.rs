@@ -783,6 +783,18 @@ mod tests {
         Harness::new(SESSIONS_SQL, &[("e", event_schema())], mode).await
     }
 
+    /// Batch 0 of every test: a at 1 s and 3 s (one session), b at 10 s.
+    async fn first_batch(h: &mut Harness) -> Processed {
+        h.step::<SessionWindowAggregate>(
+            &[(
+                "e",
+                events(&[("a", Some(1), 1), ("a", Some(3), 2), ("b", Some(10), 5)]),
+            )],
+            watermark(0, 0),
+        )
+        .await
+    }
+
     /// Each key's sessions in `by_key`, as (start s, end s), keys in order.
     fn extents(by_key: &HashMap<Vec<u8>, KeySessions>) -> Vec<Vec<(i64, i64)>> {
         let mut keys: Vec<&Vec<u8>> = by_key.keys().collect();
@@ -802,14 +814,7 @@ mod tests {
     async fn merging_joins_a_keys_rows_and_stored_sessions_that_overlap_or_touch() {
         let mut h = harness(OutputMode::Complete).await;
         let none = watermark(0, 0);
-        h.step::<SessionWindowAggregate>(
-            &[(
-                "e",
-                events(&[("a", Some(1), 1), ("a", Some(3), 2), ("b", Some(10), 5)]),
-            )],
-            none,
-        )
-        .await;
+        first_batch(&mut h).await;
 
         // The next batch's phases: a row at 8 s touches a's stored [1 s, 8 s); one at 20 s
         // opens a session of its own; b is not read.
@@ -844,15 +849,7 @@ mod tests {
     async fn complete_mode_emits_every_session_with_its_merged_aggregates() {
         let mut h = harness(OutputMode::Complete).await;
         let none = watermark(0, 0);
-        let first = h
-            .step::<SessionWindowAggregate>(
-                &[(
-                    "e",
-                    events(&[("a", Some(1), 1), ("a", Some(3), 2), ("b", Some(10), 5)]),
-                )],
-                none,
-            )
-            .await;
+        let first = first_batch(&mut h).await;
         assert_eq!(
             lines(&first.output),
             [
@@ -881,15 +878,7 @@ mod tests {
     #[tokio::test]
     async fn append_mode_emits_and_evicts_the_sessions_the_watermark_passed_and_drops_late_rows() {
         let mut h = harness(OutputMode::Append).await;
-        let first = h
-            .step::<SessionWindowAggregate>(
-                &[(
-                    "e",
-                    events(&[("a", Some(1), 1), ("a", Some(3), 2), ("b", Some(10), 5)]),
-                )],
-                watermark(0, 0),
-            )
-            .await;
+        let first = first_batch(&mut h).await;
         assert!(lines(&first.output).is_empty());
         // The watermark at 9 s passes a's session (ends 8 s), not b's (ends 15 s).
         let second = h
