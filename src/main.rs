@@ -118,11 +118,26 @@ enum CheckpointCommand {
 }
 
 #[derive(Subcommand)]
+enum PipelineCommand {
+    /// Create a pipeline project: NAME/weir-pipeline.yml, NAME/transformations/example.sql
+    /// and NAME/pipeline-storage/ (as `spark-pipelines init --name NAME`).
+    Init {
+        /// The pipeline's name, and its folder's (letters, digits, '_', '-').
+        name: String,
+    },
+}
+
+#[derive(Subcommand)]
 enum Command {
     /// Tools for checkpoints.
     Checkpoint {
         #[command(subcommand)]
         command: CheckpointCommand,
+    },
+    /// Declarative pipelines: projects of streaming tables, flows and views defined in SQL.
+    Pipeline {
+        #[command(subcommand)]
+        command: PipelineCommand,
     },
     /// Run a SQL script; streaming queries run until stopped (Ctrl-C), done, or --max-batches.
     Run {
@@ -350,6 +365,18 @@ async fn run(cli: Cli) -> anyhow::Result<std::process::ExitCode> {
             }
             // The last progress lines are written by the listener thread; wait for them.
             session.streams().flush_listeners().await;
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Pipeline {
+            command: PipelineCommand::Init { name },
+        } => {
+            let dir = weir_pipeline::init_project(&std::env::current_dir()?, &name)
+                .map_err(weir::Error::from)?;
+            println!(
+                "Created the pipeline project '{name}' in {}: its spec is weir-pipeline.yml, \
+                 its datasets are defined in transformations/*.sql.",
+                dir.display()
+            );
             Ok(ExitCode::SUCCESS)
         }
         Command::Checkpoint {

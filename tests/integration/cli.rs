@@ -1071,3 +1071,32 @@ fn a_full_refresh_clears_a_file_sink_whose_manifest_is_damaged() {
     ]);
     assert!(ok, "{stderr}");
 }
+
+#[test]
+fn pipeline_init_makes_a_project_once_and_refuses_to_overwrite_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let init = || {
+        let out = support::weir_command()
+            .args(["pipeline", "init", "orders"])
+            .current_dir(dir.path())
+            .output()
+            .unwrap();
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let (ok, stdout, stderr) = init();
+    assert!(ok, "{stderr}");
+    assert!(stdout.contains("weir-pipeline.yml"), "{stdout}");
+    let project = dir.path().join("orders");
+    let spec = std::fs::read_to_string(project.join("weir-pipeline.yml")).unwrap();
+    assert!(spec.contains("name: orders"), "{spec}");
+    assert!(project.join("transformations/example.sql").is_file());
+    let before = support::contents(&project);
+    let (ok, _, stderr) = init();
+    assert!(!ok);
+    assert!(stderr.contains("PIPELINE_PROJECT_EXISTS"), "{stderr}");
+    assert_eq!(support::contents(&project), before, "left as it was");
+}

@@ -1,0 +1,15 @@
+//! Declarative pipelines (Spark Declarative Pipelines, with Databricks' additions): a project
+//! of SQL files whose datasets (streaming tables, materialized views, temporary views) are
+//! fed by named flows, each flow with a checkpoint the pipeline keeps.
+//!
+//! ```text
+//! weir-pipeline.yml ──► spec      name, storage, libraries (globs of .sql files),
+//!                                 configuration; found from the working directory upwards
+//! weir pipeline init ─► init      a project folder with a spec and an example that runs as is
+//! ```
+
+pub mod init;
+pub mod spec;
+
+pub use init::init_project;
+pub use spec::PipelineSpec;
