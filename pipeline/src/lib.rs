@@ -6,10 +6,13 @@
 //! weir-pipeline.yml ──► spec      name, storage, libraries (globs of .sql files),
 //!                                 configuration; found from the working directory upwards
 //! weir pipeline init ─► init      a project folder with a spec and an example that runs as is
+//! library files ────► graph       datasets and flows, checked, in stages of dependency order
 //! ```
 
+pub mod graph;
 pub mod init;
 pub mod spec;
 
+pub use graph::{Dataset, DatasetKind, Flow, FlowKind, Graph};
 pub use init::init_project;
 pub use spec::PipelineSpec;

@@ -23,6 +23,7 @@ pub mod analysis;
 pub mod dedupe;
 pub mod join;
 pub mod limits;
+pub mod pipeline;
 pub mod relation;
 pub mod session_window;
 pub mod sink_table;

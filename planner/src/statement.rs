@@ -35,6 +35,11 @@ pub struct CreateStreamingTable {
     pub options: Options,
     /// The query after `AS`, with `STREAM` already rewritten; `None` declares the table only.
     pub query: Option<String>,
+    /// The column list after the name (`(id BIGINT, name STRING)`), as written; pipelines
+    /// only.
+    pub columns: Option<String>,
+    /// `PARTITIONED BY (a, b)`; pipelines only.
+    pub partitioned_by: Vec<String>,
 }
 
 /// One statement of a script.
@@ -56,17 +61,17 @@ pub enum Statement {
     Sql(String),
 }
 
-fn syntax(message: impl Into<String>) -> ClassifiedError {
+pub(crate) fn syntax(message: impl Into<String>) -> ClassifiedError {
     ClassifiedError::new("PARSE_SYNTAX_ERROR", "42601", message)
 }
 
-fn tokenize(sql: &str) -> Result<Vec<Token>, ClassifiedError> {
+pub(crate) fn tokenize(sql: &str) -> Result<Vec<Token>, ClassifiedError> {
     Tokenizer::new(&GenericDialect {}, sql)
         .tokenize()
         .map_err(|e| syntax(format!("Syntax error: {e}.")))
 }
 
-fn text(tokens: &[Token]) -> String {
+pub(crate) fn text(tokens: &[Token]) -> String {
     tokens
         .iter()
         .map(|t| t.to_string())
@@ -75,17 +80,24 @@ fn text(tokens: &[Token]) -> String {
         .to_string()
 }
 
-fn is_ws(t: &Token) -> bool {
+pub(crate) fn is_ws(t: &Token) -> bool {
     matches!(t, Token::Whitespace(_))
 }
 
-fn is_word(t: &Token, w: &str) -> bool {
+pub(crate) fn is_word(t: &Token, w: &str) -> bool {
     matches!(t, Token::Word(word) if word.quote_style.is_none() && word.value.eq_ignore_ascii_case(w))
 }
 
 /// Splits `script` into statements and parses each.
 pub fn parse_script(script: &str) -> Result<Vec<Statement>, ClassifiedError> {
-    let tokens = tokenize(script)?;
+    split_statements(tokenize(script)?)
+        .into_iter()
+        .map(parse_tokens)
+        .collect()
+}
+
+/// `tokens` cut at top-level semicolons, empty statements left out.
+pub(crate) fn split_statements(tokens: Vec<Token>) -> Vec<Vec<Token>> {
     let mut out = vec![];
     let mut depth = 0i32;
     let mut current: Vec<Token> = vec![];
@@ -97,7 +109,7 @@ pub fn parse_script(script: &str) -> Result<Vec<Statement>, ClassifiedError> {
         }
         if t == Token::SemiColon && depth == 0 {
             if current.iter().any(|t| !is_ws(t)) {
-                out.push(parse_tokens(std::mem::take(&mut current))?);
+                out.push(std::mem::take(&mut current));
             }
             current.clear();
         } else {
@@ -105,9 +117,15 @@ pub fn parse_script(script: &str) -> Result<Vec<Statement>, ClassifiedError> {
         }
     }
     if current.iter().any(|t| !is_ws(t)) {
-        out.push(parse_tokens(current)?);
+        out.push(current);
     }
-    Ok(out)
+    out
+}
+
+/// Every rewrite weir makes to a statement's tokens before DataFusion parses it: `STREAM x`,
+/// watermark clauses, `DISTINCT ON (...) WITHIN WATERMARK`.
+pub(crate) fn rewrite_all(tokens: Vec<Token>) -> Result<Vec<Token>, ClassifiedError> {
+    rewrite_watermarks(rewrite_tokens(rewrite_within_watermark(tokens)))
 }
 
 /// Parses one statement.
@@ -360,8 +378,8 @@ fn rewrite_within_watermark(tokens: Vec<Token>) -> Vec<Token> {
     out
 }
 
-fn parse_tokens(tokens: Vec<Token>) -> Result<Statement, ClassifiedError> {
-    let tokens = rewrite_watermarks(rewrite_tokens(rewrite_within_watermark(tokens)))?;
+pub(crate) fn parse_tokens(tokens: Vec<Token>) -> Result<Statement, ClassifiedError> {
+    let tokens = rewrite_all(tokens)?;
     let sig: Vec<usize> = (0..tokens.len()).filter(|&i| !is_ws(&tokens[i])).collect();
     let at = |k: usize| sig.get(k).map(|&i| &tokens[i]);
     let word = |k: usize, w: &str| at(k).is_some_and(|t| is_word(t, w));
@@ -402,10 +420,31 @@ fn parse_tokens(tokens: Vec<Token>) -> Result<Statement, ClassifiedError> {
         location: None,
         options: Options::new(),
         query: None,
+        columns: None,
+        partitioned_by: vec![],
     };
+    if at(k) == Some(&Token::LParen) {
+        let (inner, next) = parenthesized(&tokens, &sig, k)?;
+        stmt.columns = Some(inner);
+        k = next;
+    }
     loop {
         match at(k) {
             None => break,
+            Some(t) if is_word(t, "partitioned") && word(k + 1, "by") => {
+                let (inner, next) = parenthesized(&tokens, &sig, k + 2)?;
+                stmt.partitioned_by = inner
+                    .split(',')
+                    .map(|c| c.trim().to_string())
+                    .filter(|c| !c.is_empty())
+                    .collect();
+                if stmt.partitioned_by.is_empty() {
+                    return Err(syntax(
+                        "PARTITIONED BY needs columns: PARTITIONED BY (a, b).",
+                    ));
+                }
+                k = next;
+            }
             Some(t) if is_word(t, "as") => {
                 let start = sig.get(k + 1).copied().unwrap_or(tokens.len());
                 let q = text(&tokens[start..]);
@@ -445,7 +484,7 @@ fn parse_tokens(tokens: Vec<Token>) -> Result<Statement, ClassifiedError> {
             Some(other) => {
                 return Err(syntax(format!(
                     "Unexpected '{other}' in CREATE STREAMING TABLE {}: expected USING, LOCATION, \
-                     OPTIONS or AS.",
+                     OPTIONS or AS (and, in a pipeline, PARTITIONED BY).",
                     stmt.name
                 )));
             }
@@ -454,7 +493,33 @@ fn parse_tokens(tokens: Vec<Token>) -> Result<Statement, ClassifiedError> {
     Ok(Statement::CreateStreamingTable(stmt))
 }
 
-fn object_name(
+/// The text inside the parentheses opening at significant token `k`, and the significant
+/// token after the closing one.
+pub(crate) fn parenthesized(
+    tokens: &[Token],
+    sig: &[usize],
+    k: usize,
+) -> Result<(String, usize), ClassifiedError> {
+    if sig.get(k).map(|&i| &tokens[i]) != Some(&Token::LParen) {
+        return Err(syntax("Expected '(' here."));
+    }
+    let mut depth = 0;
+    for (m, &i) in sig.iter().enumerate().skip(k) {
+        match tokens[i] {
+            Token::LParen => depth += 1,
+            Token::RParen => {
+                depth -= 1;
+                if depth == 0 {
+                    return Ok((text(&tokens[sig[k] + 1..i]), m + 1));
+                }
+            }
+            _ => {}
+        }
+    }
+    Err(syntax("A '(' is never closed."))
+}
+
+pub(crate) fn object_name(
     tokens: &[Token],
     sig: &[usize],
     mut k: usize,

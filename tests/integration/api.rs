@@ -555,3 +555,23 @@ async fn a_restart_keeps_the_partition_count_the_checkpoint_was_created_with() {
         "{logged}"
     );
 }
+
+#[tokio::test]
+async fn a_scripts_streaming_table_refuses_the_clauses_only_pipelines_read() {
+    let session = WeirSession::new();
+    for sql in [
+        "CREATE STREAMING TABLE t (value BIGINT) AS SELECT value FROM STREAM rate()",
+        "CREATE STREAMING TABLE t PARTITIONED BY (value) AS SELECT value FROM STREAM rate()",
+    ] {
+        let err = session.sql(sql).await.unwrap_err();
+        assert_eq!(
+            err.error_class(),
+            "UNSUPPORTED_FEATURE.PIPELINE_ONLY_CLAUSE",
+            "{sql}: {err}"
+        );
+        assert!(
+            session.streams().active().is_empty(),
+            "{sql}: nothing started"
+        );
+    }
+}

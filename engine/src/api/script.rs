@@ -132,6 +132,20 @@ impl WeirSession {
         let mut started_with_shared_checkpoint = 0;
         for stmt in parse_script(script)? {
             let result = match stmt {
+                Statement::CreateStreamingTable(decl)
+                    if decl.columns.is_some() || !decl.partitioned_by.is_empty() =>
+                {
+                    return Err(Error::user(
+                        "UNSUPPORTED_FEATURE.PIPELINE_ONLY_CLAUSE",
+                        "0A000",
+                        format!(
+                            "CREATE STREAMING TABLE {}: a column list and PARTITIONED BY are read \
+                             in pipelines (weir pipeline run); in a script, the query decides the \
+                             columns. Remove them, or define the table in a pipeline.",
+                            decl.name
+                        ),
+                    ));
+                }
                 Statement::CreateStreamingTable(decl) => match &decl.query {
                     None => {
                         self.declare(decl)?;
@@ -187,6 +201,8 @@ impl WeirSession {
                             location: None,
                             options: Options::new(),
                             query: Some(sql),
+                            columns: None,
+                            partitioned_by: vec![],
                         };
                         self.start_into(
                             &decl,

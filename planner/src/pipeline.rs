@@ -1,0 +1,401 @@
+//! The statements of a pipeline's SQL files, in Databricks' forms, and what a flow's query
+//! reads.
+//!
+//! ```text
+//! CREATE [OR REFRESH] STREAMING TABLE t [(columns)] [PARTITIONED BY (c, ...)] [... AS query]
+//! CREATE [OR REFRESH] MATERIALIZED VIEW mv [(columns)] [PARTITIONED BY (...)] [COMMENT '..'] AS query
+//! CREATE [OR REPLACE] TEMPORARY [LIVE] VIEW v [COMMENT '..'] AS query
+//! CREATE FLOW f [COMMENT '..'] AS INSERT INTO [ONCE] t BY NAME query
+//! anything else                     kept as a script statement (the pipeline refuses it)
+//! ```
+//!
+//! Queries come out with weir's rewrites applied (`STREAM x` → `STREAM(x)`, watermark clauses),
+//! ready for DataFusion. [`dataset_reads`] lists the names a query reads as tables, streamed
+//! (`STREAM(name)`) or not: the pipeline's graph is built from them.
+
+use std::collections::BTreeSet;
+use std::ops::ControlFlow;
+
+use datafusion::sql::sqlparser::ast::{
+    Expr, FunctionArg, FunctionArgExpr, ObjectName, Query, TableFactor, Visit, Visitor,
+};
+use datafusion::sql::sqlparser::dialect::GenericDialect;
+use datafusion::sql::sqlparser::parser::Parser;
+use datafusion::sql::sqlparser::tokenizer::Token;
+use weir_common::ClassifiedError;
+
+use crate::statement::{
+    CreateStreamingTable, Statement, is_word, object_name, parenthesized, parse_tokens,
+    rewrite_all, split_statements, syntax, text, tokenize,
+};
+
+/// `CREATE MATERIALIZED VIEW`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CreateMaterializedView {
+    /// The view's name.
+    pub name: String,
+    /// The column list after the name, as written.
+    pub columns: Option<String>,
+    /// `PARTITIONED BY (...)`.
+    pub partitioned_by: Vec<String>,
+    /// The batch query it holds the result of.
+    pub query: String,
+}
+
+/// `CREATE TEMPORARY VIEW`: a named query, not stored.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CreateTemporaryView {
+    /// The view's name.
+    pub name: String,
+    /// Its query (streaming or not).
+    pub query: String,
+}
+
+/// `CREATE FLOW f AS INSERT INTO [ONCE] t BY NAME query`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CreateFlow {
+    /// The flow's name: its checkpoint's folder.
+    pub name: String,
+    /// The streaming table it writes.
+    pub target: String,
+    /// A once flow: one batch, the first time (and after a full refresh).
+    pub once: bool,
+    /// The rows it inserts.
+    pub query: String,
+}
+
+/// One statement of a pipeline's SQL file.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PipelineStatement {
+    /// `CREATE STREAMING TABLE`.
+    StreamingTable(CreateStreamingTable),
+    /// `CREATE MATERIALIZED VIEW`.
+    MaterializedView(CreateMaterializedView),
+    /// `CREATE TEMPORARY VIEW`.
+    TemporaryView(CreateTemporaryView),
+    /// `CREATE FLOW`.
+    Flow(CreateFlow),
+    /// Anything else.
+    Other(Statement),
+}
+
+/// Splits a pipeline file's `script` into statements and parses each.
+pub fn parse_pipeline_script(script: &str) -> Result<Vec<PipelineStatement>, ClassifiedError> {
+    split_statements(tokenize(script)?)
+        .into_iter()
+        .map(parse_one)
+        .collect()
+}
+
+fn parse_one(tokens: Vec<Token>) -> Result<PipelineStatement, ClassifiedError> {
+    let tokens = rewrite_all(tokens)?;
+    let sig: Vec<usize> = (0..tokens.len())
+        .filter(|&i| !matches!(tokens[i], Token::Whitespace(_)))
+        .collect();
+    let at = |k: usize| sig.get(k).map(|&i| &tokens[i]);
+    let word = |k: usize, w: &str| at(k).is_some_and(|t| is_word(t, w));
+    if !word(0, "create") {
+        return Ok(PipelineStatement::Other(parse_tokens(tokens)?));
+    }
+    let mut k = 1;
+    if word(k, "or") && (word(k + 1, "refresh") || word(k + 1, "replace")) {
+        k += 2;
+    }
+    // The query after the first top-level AS from significant token `k` on.
+    let query_after = |mut k: usize, what: &str| -> Result<String, ClassifiedError> {
+        while let Some(t) = at(k) {
+            if is_word(t, "as") {
+                let start = sig.get(k + 1).copied().unwrap_or(tokens.len());
+                let q = text(&tokens[start..]);
+                if q.is_empty() {
+                    break;
+                }
+                return Ok(q);
+            }
+            if *t == Token::LParen {
+                k = parenthesized(&tokens, &sig, k)?.1;
+            } else {
+                k += 1;
+            }
+        }
+        Err(syntax(format!("{what} needs AS and a query.")))
+    };
+    if word(k, "materialized") && word(k + 1, "view") {
+        let (name, mut k) = object_name(&tokens, &sig, k + 2)?;
+        let mut columns = None;
+        if at(k) == Some(&Token::LParen) {
+            let (inner, next) = parenthesized(&tokens, &sig, k)?;
+            columns = Some(inner);
+            k = next;
+        }
+        let mut partitioned_by = vec![];
+        if word(k, "partitioned") && word(k + 1, "by") {
+            let (inner, next) = parenthesized(&tokens, &sig, k + 2)?;
+            partitioned_by = inner.split(',').map(|c| c.trim().to_string()).collect();
+            k = next;
+        }
+        let query = query_after(k, &format!("CREATE MATERIALIZED VIEW {name}"))?;
+        return Ok(PipelineStatement::MaterializedView(
+            CreateMaterializedView {
+                name,
+                columns,
+                partitioned_by,
+                query,
+            },
+        ));
+    }
+    if word(k, "temporary") {
+        let mut v = k + 1;
+        if word(v, "live") {
+            v += 1;
+        }
+        if word(v, "view") {
+            let (name, next) = object_name(&tokens, &sig, v + 1)?;
+            let query = query_after(next, &format!("CREATE TEMPORARY VIEW {name}"))?;
+            return Ok(PipelineStatement::TemporaryView(CreateTemporaryView {
+                name,
+                query,
+            }));
+        }
+    }
+    if k == 1 && word(1, "flow") {
+        let (name, mut k) = object_name(&tokens, &sig, 2)?;
+        if word(k, "comment") {
+            k += 2;
+        }
+        let form = || {
+            syntax(format!(
+                "CREATE FLOW {name} reads CREATE FLOW {name} AS INSERT INTO [ONCE] table BY NAME \
+                 query."
+            ))
+        };
+        if !(word(k, "as") && word(k + 1, "insert") && word(k + 2, "into")) {
+            return Err(form());
+        }
+        k += 3;
+        let once = word(k, "once");
+        if once {
+            k += 1;
+        }
+        let (target, k) = object_name(&tokens, &sig, k)?;
+        if !(word(k, "by") && word(k + 1, "name")) {
+            return Err(syntax(format!(
+                "CREATE FLOW {name}: the INSERT INTO {target} must say BY NAME (the query's \
+                 columns go to the table's columns of the same name)."
+            )));
+        }
+        let start = sig.get(k + 2).copied().unwrap_or(tokens.len());
+        let query = text(&tokens[start..]);
+        if query.is_empty() {
+            return Err(form());
+        }
+        return Ok(PipelineStatement::Flow(CreateFlow {
+            name,
+            target,
+            once,
+            query,
+        }));
+    }
+    Ok(match parse_tokens(tokens)? {
+        Statement::CreateStreamingTable(t) => PipelineStatement::StreamingTable(t),
+        other => PipelineStatement::Other(other),
+    })
+}
+
+/// A table a query reads, by name.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Read {
+    /// The name as written (dotted parts joined by '.').
+    pub name: String,
+    /// Read as a stream (`STREAM name`), or as a table.
+    pub streaming: bool,
+}
+
+/// The tables `query` (with weir's rewrites applied) reads by name: `FROM t`, `JOIN t`,
+/// `STREAM(t)`; not sources (`STREAM rate(...)`) and not the query's own CTEs.
+pub fn dataset_reads(query: &str) -> Result<Vec<Read>, ClassifiedError> {
+    let statements = Parser::parse_sql(&GenericDialect {}, query)
+        .map_err(|e| syntax(format!("Syntax error: {e}.")))?;
+    let mut reads = Reads::default();
+    for s in &statements {
+        let _ = s.visit(&mut reads);
+    }
+    let Reads { found, ctes } = reads;
+    Ok(found
+        .into_iter()
+        .filter(|r| !ctes.contains(&r.name.to_ascii_lowercase()))
+        .collect())
+}
+
+#[derive(Default)]
+struct Reads {
+    found: BTreeSet<Read>,
+    ctes: BTreeSet<String>,
+}
+
+fn name_of(name: &ObjectName) -> String {
+    name.0
+        .iter()
+        .map(|p| p.to_string().trim_matches('"').to_string())
+        .collect::<Vec<_>>()
+        .join(".")
+}
+
+impl Visitor for Reads {
+    type Break = ();
+
+    fn pre_visit_query(&mut self, query: &Query) -> ControlFlow<()> {
+        if let Some(with) = &query.with {
+            for cte in &with.cte_tables {
+                self.ctes.insert(cte.alias.name.value.to_ascii_lowercase());
+            }
+        }
+        ControlFlow::Continue(())
+    }
+
+    fn pre_visit_table_factor(&mut self, factor: &TableFactor) -> ControlFlow<()> {
+        let TableFactor::Table { name, args, .. } = factor else {
+            return ControlFlow::Continue(());
+        };
+        match args {
+            None => {
+                self.found.insert(Read {
+                    name: name_of(name),
+                    streaming: false,
+                });
+            }
+            Some(args) if name_of(name).eq_ignore_ascii_case("stream") => {
+                let streamed = args.args.first().and_then(|a| match a {
+                    FunctionArg::Unnamed(FunctionArgExpr::Expr(Expr::Identifier(i))) => {
+                        Some(i.value.clone())
+                    }
+                    FunctionArg::Unnamed(FunctionArgExpr::Expr(Expr::CompoundIdentifier(
+                        parts,
+                    ))) => Some(
+                        parts
+                            .iter()
+                            .map(|p| p.value.clone())
+                            .collect::<Vec<_>>()
+                            .join("."),
+                    ),
+                    _ => None,
+                });
+                if let Some(name) = streamed {
+                    self.found.insert(Read {
+                        name,
+                        streaming: true,
+                    });
+                }
+            }
+            // A table function (a source): not a dataset.
+            Some(_) => {}
+        }
+        ControlFlow::Continue(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn one(sql: &str) -> PipelineStatement {
+        let mut all = parse_pipeline_script(sql).unwrap();
+        assert_eq!(all.len(), 1, "{sql}");
+        all.remove(0)
+    }
+
+    #[test]
+    fn each_dataset_and_flow_form_is_read() {
+        let PipelineStatement::StreamingTable(t) = one(
+            "CREATE OR REFRESH STREAMING TABLE customers (id BIGINT, name STRING) \
+             PARTITIONED BY (region, day)",
+        ) else {
+            panic!("a streaming table")
+        };
+        assert_eq!(t.name, "customers");
+        assert_eq!(t.columns.as_deref(), Some("id BIGINT, name STRING"));
+        assert_eq!(t.partitioned_by, ["region", "day"]);
+        assert!(t.query.is_none());
+
+        let PipelineStatement::MaterializedView(mv) = one(
+            "CREATE MATERIALIZED VIEW totals COMMENT 'per region' AS SELECT region, count(*) AS n \
+             FROM customers GROUP BY region",
+        ) else {
+            panic!("a materialized view")
+        };
+        assert_eq!(mv.name, "totals");
+        assert!(mv.query.starts_with("SELECT region"), "{}", mv.query);
+
+        let PipelineStatement::TemporaryView(v) =
+            one("CREATE TEMPORARY LIVE VIEW recent AS SELECT * FROM STREAM raw WHERE x > 1")
+        else {
+            panic!("a temporary view")
+        };
+        assert_eq!(v.name, "recent");
+        assert_eq!(v.query, "SELECT * FROM STREAM(raw) WHERE x > 1");
+
+        let PipelineStatement::Flow(f) =
+            one("CREATE FLOW us AS INSERT INTO all_orders BY NAME SELECT * FROM STREAM orders_us")
+        else {
+            panic!("a flow")
+        };
+        assert_eq!(
+            (f.name.as_str(), f.target.as_str(), f.once),
+            ("us", "all_orders", false)
+        );
+        assert_eq!(f.query, "SELECT * FROM STREAM(orders_us)");
+        let PipelineStatement::Flow(f) = one(
+            "CREATE FLOW backfill COMMENT 'old rows' AS INSERT INTO ONCE all_orders BY NAME \
+             SELECT * FROM archive",
+        ) else {
+            panic!("a once flow")
+        };
+        assert!(f.once);
+        assert!(matches!(
+            one("SET spark.sql.shuffle.partitions = 4"),
+            PipelineStatement::Other(_)
+        ));
+    }
+
+    #[test]
+    fn malformed_flows_and_views_are_syntax_errors() {
+        for sql in [
+            "CREATE FLOW f AS INSERT INTO t SELECT 1",
+            "CREATE FLOW f AS SELECT 1",
+            "CREATE FLOW f AS INSERT INTO t BY NAME",
+            "CREATE MATERIALIZED VIEW mv",
+            "CREATE TEMPORARY VIEW v AS",
+        ] {
+            let e = parse_pipeline_script(sql).unwrap_err();
+            assert_eq!(e.class, "PARSE_SYNTAX_ERROR", "{sql}");
+        }
+    }
+
+    #[test]
+    fn a_query_reads_tables_and_streams_but_not_sources_or_its_ctes() {
+        let reads = dataset_reads(
+            "WITH recent AS (SELECT * FROM STREAM(raw.events)) \
+             SELECT * FROM recent JOIN dims d ON true \
+             JOIN STREAM(rate(rowsPerSecond => 1)) r ON true \
+             WHERE x IN (SELECT x FROM allowed)",
+        )
+        .unwrap();
+        assert_eq!(
+            reads,
+            [
+                Read {
+                    name: "allowed".into(),
+                    streaming: false
+                },
+                Read {
+                    name: "dims".into(),
+                    streaming: false
+                },
+                Read {
+                    name: "raw.events".into(),
+                    streaming: true
+                },
+            ]
+        );
+    }
+}
