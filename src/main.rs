@@ -125,6 +125,14 @@ enum PipelineCommand {
         /// The pipeline's name, and its folder's (letters, digits, '_', '-').
         name: String,
     },
+    /// Check the pipeline without reading or writing data: its spec, its files' statements,
+    /// and its dataset graph (two definitions of a name, flows into undefined tables, tables
+    /// no flow writes, cycles). Exit code 0 only when the graph is sound.
+    DryRun {
+        /// The spec file; by default weir-pipeline.yml in this folder or the nearest above.
+        #[arg(long)]
+        spec: Option<PathBuf>,
+    },
 }
 
 #[derive(Subcommand)]
@@ -374,10 +382,46 @@ async fn run(cli: Cli) -> anyhow::Result<std::process::ExitCode> {
                 .map_err(weir::Error::from)?;
             println!(
                 "Created the pipeline project '{name}' in {}: its spec is weir-pipeline.yml, \
-                 its datasets are defined in transformations/*.sql.",
+                 its datasets are defined in transformations/*.sql.\nTo check it: cd '{name}' \
+                 && weir pipeline dry-run",
                 dir.display()
             );
             Ok(ExitCode::SUCCESS)
+        }
+        Command::Pipeline {
+            command: PipelineCommand::DryRun { spec },
+        } => {
+            let path = match spec {
+                Some(p) => p,
+                None => weir_pipeline::PipelineSpec::find(&std::env::current_dir()?)
+                    .map_err(weir::Error::from)?,
+            };
+            let spec = weir_pipeline::PipelineSpec::load(&path).map_err(weir::Error::from)?;
+            let files = spec.library_files().map_err(weir::Error::from)?;
+            println!(
+                "Pipeline '{}' ({}): {} SQL file(s), storage {}",
+                spec.name,
+                path.display(),
+                files.len(),
+                spec.storage
+            );
+            match weir_pipeline::Graph::from_files(&files) {
+                Ok(graph) => {
+                    print!("{}", graph.describe().map_err(weir::Error::from)?);
+                    println!("The graph is sound.");
+                    Ok(ExitCode::SUCCESS)
+                }
+                Err(errors) => {
+                    for e in &errors {
+                        eprintln!("error: {}", weir::Error::from(e.clone()));
+                    }
+                    eprintln!(
+                        "{} problem(s) found; nothing was read or written.",
+                        errors.len()
+                    );
+                    Ok(ExitCode::FAILURE)
+                }
+            }
         }
         Command::Checkpoint {
             command: CheckpointCommand::Inspect { dir, json },

@@ -462,6 +462,48 @@ impl Graph {
     }
 }
 
+impl Graph {
+    /// The graph as a person reads it: each stage's flows, with their kind, target and what
+    /// they read.
+    pub fn describe(&self) -> Result<String, ClassifiedError> {
+        use std::fmt::Write;
+        let mut out = String::new();
+        let tables = self
+            .datasets
+            .values()
+            .filter(|d| d.kind != DatasetKind::TemporaryView)
+            .count();
+        let _ = writeln!(
+            out,
+            "{} dataset(s) ({} stored), {} flow(s):",
+            self.datasets.len(),
+            tables,
+            self.flows.len()
+        );
+        for (n, stage) in self.stages()?.iter().enumerate() {
+            let _ = writeln!(out, "  stage {}:", n + 1);
+            for &i in stage {
+                let f = &self.flows[i];
+                let kind = match f.kind {
+                    FlowKind::Append => "append",
+                    FlowKind::Once => "once",
+                    FlowKind::Complete => "materialized view",
+                };
+                let reads = if f.reads.is_empty() {
+                    String::new()
+                } else {
+                    format!(
+                        ", reads {}",
+                        f.reads.iter().cloned().collect::<Vec<_>>().join(", ")
+                    )
+                };
+                let _ = writeln!(out, "    {} → {} ({kind}{reads})", f.name, f.target);
+            }
+        }
+        Ok(out)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -1100,3 +1100,68 @@ fn pipeline_init_makes_a_project_once_and_refuses_to_overwrite_it() {
     assert!(stderr.contains("PIPELINE_PROJECT_EXISTS"), "{stderr}");
     assert_eq!(support::contents(&project), before, "left as it was");
 }
+
+#[test]
+fn pipeline_dry_run_shows_the_stages_of_a_sound_graph_and_every_problem_of_a_broken_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let project = dir.path().join("orders");
+    std::fs::create_dir_all(project.join("transformations/more")).unwrap();
+    std::fs::write(
+        project.join("weir-pipeline.yml"),
+        "name: orders\nstorage: store\nlibraries:\n  - glob:\n      include: transformations/**\n",
+    )
+    .unwrap();
+    std::fs::write(
+        project.join("transformations/tables.sql"),
+        "CREATE STREAMING TABLE raw AS SELECT * FROM STREAM rate_micro_batch(rowsPerBatch => 4);\n\
+         CREATE STREAMING TABLE all_rows;\n\
+         CREATE FLOW copy AS INSERT INTO all_rows BY NAME SELECT * FROM STREAM raw;\n",
+    )
+    .unwrap();
+    std::fs::write(
+        project.join("transformations/more/views.sql"),
+        "CREATE MATERIALIZED VIEW total AS SELECT count(*) AS n FROM all_rows;\n",
+    )
+    .unwrap();
+    let dry_run = |cwd: &std::path::Path| {
+        let out = support::weir_command()
+            .args(["pipeline", "dry-run"])
+            .current_dir(cwd)
+            .output()
+            .unwrap();
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    // Found from a folder below the spec's.
+    let (ok, stdout, stderr) = dry_run(&project.join("transformations/more"));
+    assert!(ok, "{stderr}");
+    let stages: Vec<&str> = stdout.lines().filter(|l| l.contains(" → ")).collect();
+    assert_eq!(
+        stages,
+        [
+            "    raw → raw (append)",
+            "    copy → all_rows (append, reads raw)",
+            "    total → total (materialized view, reads all_rows)"
+        ],
+        "{stdout}"
+    );
+    assert!(!project.join("store").exists(), "a dry run writes nothing");
+
+    std::fs::write(
+        project.join("transformations/more/broken.sql"),
+        "CREATE MATERIALIZED VIEW raw AS SELECT 1;\n\
+         CREATE FLOW lost AS INSERT INTO nowhere BY NAME SELECT * FROM STREAM raw;\n",
+    )
+    .unwrap();
+    let (ok, _, stderr) = dry_run(&project);
+    assert!(!ok);
+    assert!(
+        stderr.contains("PIPELINE_DUPLICATE_IDENTIFIERS.DATASET")
+            && stderr.contains("TABLE_OR_VIEW_NOT_FOUND")
+            && stderr.contains("2 problem(s) found"),
+        "{stderr}"
+    );
+}
