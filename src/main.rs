@@ -125,6 +125,14 @@ enum PipelineCommand {
         /// The pipeline's name, and its folder's (letters, digits, '_', '-').
         name: String,
     },
+    /// Run one update: every flow in dependency order (flows that do not depend on each other
+    /// concurrently), streaming flows until their sources hold nothing new (availableNow),
+    /// into Delta tables under the spec's storage.
+    Run {
+        /// The spec file; by default weir-pipeline.yml in this folder or the nearest above.
+        #[arg(long)]
+        spec: Option<PathBuf>,
+    },
     /// Check the pipeline without reading or writing data: its spec, its files' statements,
     /// and its dataset graph (two definitions of a name, flows into undefined tables, tables
     /// no flow writes, cycles). Exit code 0 only when the graph is sound.
@@ -382,10 +390,66 @@ async fn run(cli: Cli) -> anyhow::Result<std::process::ExitCode> {
                 .map_err(weir::Error::from)?;
             println!(
                 "Created the pipeline project '{name}' in {}: its spec is weir-pipeline.yml, \
-                 its datasets are defined in transformations/*.sql.\nTo check it: cd '{name}' \
-                 && weir pipeline dry-run",
+                 its datasets are defined in transformations/*.sql.\nTo run it: cd '{name}' \
+                 && weir pipeline run",
                 dir.display()
             );
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Pipeline {
+            command: PipelineCommand::Run { spec },
+        } => {
+            let path = match spec {
+                Some(p) => p,
+                None => weir_pipeline::PipelineSpec::find(&std::env::current_dir()?)
+                    .map_err(weir::Error::from)?,
+            };
+            let spec = weir_pipeline::PipelineSpec::load(&path).map_err(weir::Error::from)?;
+            let files = spec.library_files().map_err(weir::Error::from)?;
+            let graph = match weir_pipeline::Graph::from_files(&files) {
+                Ok(g) => g,
+                Err(errors) => {
+                    for e in &errors {
+                        eprintln!("error: {}", weir::Error::from(e.clone()));
+                    }
+                    eprintln!(
+                        "{} problem(s) found; the update did not start (weir pipeline dry-run \
+                         shows them too).",
+                        errors.len()
+                    );
+                    return Ok(ExitCode::FAILURE);
+                }
+            };
+            eprintln!(
+                "Update of pipeline '{}': {} flow(s), storage {}",
+                spec.name,
+                graph.flows.len(),
+                spec.storage
+            );
+            let outcomes = weir_pipeline::run_update(&spec, &graph).await?;
+            let mut failed = 0;
+            for o in &outcomes {
+                let what = match &o.result {
+                    Ok(weir_pipeline::FlowRun::Streamed { batches, rows }) => {
+                        format!("{batches} batch(es), {rows} row(s) read")
+                    }
+                    Ok(weir_pipeline::FlowRun::Wrote { rows }) => format!("{rows} row(s) written"),
+                    Ok(weir_pipeline::FlowRun::AlreadyDone) => {
+                        "once flow, done in an earlier update".into()
+                    }
+                    Ok(weir_pipeline::FlowRun::NotRun) => "not run: an earlier flow failed".into(),
+                    Err(e) => {
+                        failed += 1;
+                        format!("FAILED: {e}")
+                    }
+                };
+                eprintln!("  {} → {}: {what}", o.flow, o.target);
+            }
+            if failed > 0 {
+                eprintln!("The update failed: {failed} flow(s) failed.");
+                return Ok(ExitCode::FAILURE);
+            }
+            eprintln!("The update completed.");
             Ok(ExitCode::SUCCESS)
         }
         Command::Pipeline {

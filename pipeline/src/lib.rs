@@ -7,12 +7,16 @@
 //!                                 configuration; found from the working directory upwards
 //! weir pipeline init ─► init      a project folder with a spec and an example that runs as is
 //! library files ────► graph       datasets and flows, checked, in stages of dependency order
+//! weir pipeline run ─► run        one update: every flow, stage after stage, into Delta tables
+//!                                 under the storage, each flow with its own checkpoint
 //! ```
 
 pub mod graph;
 pub mod init;
+pub mod run;
 pub mod spec;
 
 pub use graph::{Dataset, DatasetKind, Flow, FlowKind, Graph};
 pub use init::init_project;
+pub use run::{FlowOutcome, FlowRun, Layout, run_update};
 pub use spec::PipelineSpec;

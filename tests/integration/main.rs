@@ -20,6 +20,7 @@ mod delta;
 mod files;
 #[cfg(feature = "kafka")]
 mod kafka;
+mod pipelines;
 mod s3;
 mod source_evolution;
 mod stateful;

@@ -251,6 +251,50 @@ impl WeirSession {
         &self.inner
     }
 
+    /// Makes the Delta table at `path` readable as `name`: in batch SQL (its latest version at
+    /// every scan) and as `STREAM name` (its commits). `options` are the object store's
+    /// (`aws_*`). Refused when there is no table at `path` yet.
+    #[cfg(feature = "delta")]
+    pub async fn register_delta_table(
+        &self,
+        name: &str,
+        path: &str,
+        options: &weir_common::Options,
+    ) -> Result<()> {
+        let (storage, _) = weir_common::delta::storage_options(options);
+        let url = weir_common::delta::table_url(path, false)?;
+        let table = weir_common::delta::open(&url, &storage).await?;
+        if table.version().is_none() {
+            return Err(Error::user(
+                "DELTA_MISSING_DELTA_TABLE",
+                "42P01",
+                format!("There is no Delta table at {url} to read as '{name}'."),
+            ));
+        }
+        let schema = table
+            .snapshot()
+            .map_err(|e| weir_common::delta::error(e, "read the table's schema"))?
+            .snapshot()
+            .arrow_schema();
+        let ctx = &self.inner.ctx;
+        let _ = ctx.deregister_table(name);
+        ctx.register_table(
+            name,
+            Arc::new(crate::delta_table::DeltaLatestTable::new(
+                url.clone(),
+                storage.clone(),
+                schema,
+            )),
+        )?;
+        let mut source_options = weir_common::Options::new().with("path", url.as_str());
+        for (k, v) in &storage {
+            source_options.set(k.clone(), v.clone());
+        }
+        let source = self.inner.catalog.create_source("delta", &source_options)?;
+        self.inner.catalog.register_stream(name, source);
+        Ok(())
+    }
+
     /// Plans `sql` (one statement of DataFusion SQL with weir's streaming relations) without
     /// running it.
     pub async fn plan_sql(&self, sql: &str) -> Result<LogicalPlan> {

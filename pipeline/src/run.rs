@@ -1,0 +1,338 @@
+//! One update of a pipeline: every flow, stage after stage, into Delta tables under the
+//! pipeline's storage.
+//!
+//! ```text
+//! <storage>/tables/<dataset>                 each streaming table and materialized view (a
+//!                                            Delta table; LOCATION '...' puts it elsewhere)
+//! <storage>/_checkpoints/<table>/<flow>/     each flow's checkpoint: a streaming flow's
+//!                                            offsets, commits and state; a once flow's id and
+//!                                            its completion mark; a view's id
+//!
+//! per stage (flows of one stage run concurrently):
+//!   append flow       the streaming query, trigger availableNow, into its table (Delta sink:
+//!                     one commit per batch carrying the flow's txn, so a replay writes nothing)
+//!   once flow         the batch query once: one Delta commit (txn: the flow's id, batch 0),
+//!                     then the mark; a later update skips it
+//!   materialized view the batch query, overwriting the table (one commit)
+//! after a stage       its tables are registered by name: batch SQL reads them, STREAM name
+//!                     streams their commits, for the next stages' flows
+//! ```
+//!
+//! A flow that fails ends the update after its stage: the flows of later stages do not run
+//! (they would read a table that missed its update), and the update reports which failed.
+
+use std::sync::Arc;
+
+use datafusion::dataframe::DataFrame;
+use datafusion::prelude::SessionConfig;
+use futures::future::join_all;
+use weir_common::{ClassifiedError, Location, Options};
+use weir_engine::{Error, OutputMode, Trigger, WeirSession};
+use weir_sinks::Sink;
+use weir_sinks::delta::DeltaSink;
+
+use crate::graph::{Dataset, DatasetKind, Flow, FlowKind, Graph};
+use crate::spec::PipelineSpec;
+
+/// How one flow of an update ended.
+#[derive(Debug)]
+pub struct FlowOutcome {
+    /// The flow.
+    pub flow: String,
+    /// The dataset it writes.
+    pub target: String,
+    /// What it did, or why it failed.
+    pub result: Result<FlowRun, Arc<Error>>,
+}
+
+/// What a flow did in an update.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum FlowRun {
+    /// A streaming flow ran `batches` micro-batches reading `rows` rows.
+    Streamed {
+        /// Micro-batches run.
+        batches: u64,
+        /// Input rows read.
+        rows: u64,
+    },
+    /// A once flow or a materialized view wrote `rows` rows.
+    Wrote {
+        /// Rows written.
+        rows: u64,
+    },
+    /// A once flow that ran in an earlier update.
+    AlreadyDone,
+    /// Not run: a flow of an earlier stage failed.
+    NotRun,
+}
+
+/// Where the pipeline keeps things.
+#[derive(Debug, Clone)]
+pub struct Layout {
+    storage: String,
+}
+
+impl Layout {
+    /// The layout under `storage` (a local path or a URL).
+    pub fn new(storage: &str) -> Self {
+        Self {
+            storage: storage.trim_end_matches('/').to_string(),
+        }
+    }
+
+    fn under(&self, rel: &str) -> String {
+        format!("{}/{rel}", self.storage)
+    }
+
+    /// Where dataset `d` is stored.
+    pub fn table(&self, d: &Dataset) -> String {
+        d.table
+            .as_ref()
+            .and_then(|t| t.location.clone())
+            .unwrap_or_else(|| self.under(&format!("tables/{}", d.name.to_ascii_lowercase())))
+    }
+
+    /// The checkpoint of `flow` into `table`.
+    pub fn checkpoint(&self, table: &str, flow: &str) -> String {
+        self.under(&format!(
+            "_checkpoints/{}/{}",
+            table.to_ascii_lowercase(),
+            flow.to_ascii_lowercase()
+        ))
+    }
+}
+
+fn session_for(spec: &PipelineSpec) -> Result<WeirSession, Error> {
+    let mut config = SessionConfig::new();
+    for (k, v) in &spec.configuration {
+        let lower = k.to_ascii_lowercase();
+        if lower == "spark.sql.shuffle.partitions" || lower == "weir.sql.shuffle.partitions" {
+            let n: usize = v.parse().ok().filter(|n| *n > 0).ok_or_else(|| {
+                Error::user(
+                    "INVALID_CONF_VALUE",
+                    "22022",
+                    format!("{k} must be a positive number of partitions, not '{v}'."),
+                )
+            })?;
+            config = config.with_target_partitions(n);
+        } else if lower.starts_with("datafusion.") {
+            config.options_mut().set(k, v).map_err(|e| {
+                Error::user(
+                    "INVALID_CONF_VALUE",
+                    "22022",
+                    format!("The pipeline setting {k} = '{v}' is refused: {e}."),
+                )
+            })?;
+        } else {
+            return Err(Error::user(
+                "CONFIG_NOT_AVAILABLE",
+                "42K0I",
+                format!(
+                    "The pipeline setting '{k}' is not one weir reads: give \
+                     spark.sql.shuffle.partitions or datafusion.* settings, or remove it."
+                ),
+            ));
+        }
+    }
+    Ok(WeirSession::with_config(config))
+}
+
+/// Runs one update of the pipeline `spec` whose datasets and flows are `graph`: every flow,
+/// stage after stage. Returns each flow's outcome in the order they ran.
+pub async fn run_update(spec: &PipelineSpec, graph: &Graph) -> Result<Vec<FlowOutcome>, Error> {
+    let session = session_for(spec)?;
+    let layout = Layout::new(&spec.storage);
+    // Tables earlier updates wrote are readable before this update's flows run.
+    for d in graph.datasets.values() {
+        if d.kind != DatasetKind::TemporaryView {
+            let _ = session
+                .register_delta_table(&d.name, &layout.table(d), &Options::new())
+                .await;
+        }
+    }
+    let mut outcomes = vec![];
+    let mut failed = false;
+    for stage in graph.stages()? {
+        if failed {
+            outcomes.extend(stage.iter().map(|&i| FlowOutcome {
+                flow: graph.flows[i].name.clone(),
+                target: graph.flows[i].target.clone(),
+                result: Ok(FlowRun::NotRun),
+            }));
+            continue;
+        }
+        register_views(&session, graph).await;
+        let runs = stage.iter().map(|&i| {
+            let flow = &graph.flows[i];
+            let dataset = &graph.datasets[&flow.target.to_ascii_lowercase()];
+            run_flow(&session, &layout, dataset, flow)
+        });
+        let results = join_all(runs).await;
+        for (&i, result) in stage.iter().zip(results) {
+            failed |= result.is_err();
+            outcomes.push(FlowOutcome {
+                flow: graph.flows[i].name.clone(),
+                target: graph.flows[i].target.clone(),
+                result,
+            });
+        }
+        for &i in &stage {
+            let d = &graph.datasets[&graph.flows[i].target.to_ascii_lowercase()];
+            let _ = session
+                .register_delta_table(&d.name, &layout.table(d), &Options::new())
+                .await;
+        }
+    }
+    Ok(outcomes)
+}
+
+/// Registers every temporary view whose query plans now (the tables it reads exist): a view
+/// over a table a later stage writes first is registered before that stage. A view that does
+/// not plan stays unregistered; a flow reading it fails with the view's name.
+async fn register_views(session: &WeirSession, graph: &Graph) {
+    for d in graph.datasets.values() {
+        if let (DatasetKind::TemporaryView, Some(q)) = (d.kind, &d.query)
+            && let Ok(plan) = session.plan_sql(q).await
+        {
+            let view = datafusion::datasource::ViewTable::new(plan, Some(q.clone()));
+            let _ = session.context().deregister_table(d.name.as_str());
+            let _ = session
+                .context()
+                .register_table(d.name.as_str(), Arc::new(view));
+        }
+    }
+}
+
+async fn run_flow(
+    session: &WeirSession,
+    layout: &Layout,
+    dataset: &Dataset,
+    flow: &Flow,
+) -> Result<FlowRun, Arc<Error>> {
+    run_flow_inner(session, layout, dataset, flow)
+        .await
+        .map_err(|e| match e {
+            Failed::Query(e) => e,
+            Failed::Other(e) => Arc::new(e),
+        })
+}
+
+/// Why a flow failed: its streaming query's error (shared with the query's handle), or any
+/// other.
+enum Failed {
+    Query(Arc<Error>),
+    Other(Error),
+}
+
+impl<E: Into<Error>> From<E> for Failed {
+    fn from(e: E) -> Self {
+        Failed::Other(e.into())
+    }
+}
+
+async fn run_flow_inner(
+    session: &WeirSession,
+    layout: &Layout,
+    dataset: &Dataset,
+    flow: &Flow,
+) -> Result<FlowRun, Failed> {
+    let table = layout.table(dataset);
+    let checkpoint = layout.checkpoint(&dataset.name, &flow.name);
+    match flow.kind {
+        FlowKind::Append => {
+            let plan = session.plan_sql(&flow.query).await?;
+            let df = DataFrame::new(session.context().state(), plan);
+            let mut writer = session
+                .write_stream(df)
+                .format("delta")
+                .option("path", &table)
+                .checkpoint_location(checkpoint)
+                .trigger(Trigger::AvailableNow);
+            if let Some(t) = &dataset.table
+                && !t.partitioned_by.is_empty()
+            {
+                writer = writer.option("partitionBy", t.partitioned_by.join(","));
+            }
+            let query = writer.start().await?;
+            let ended = query.await_termination().await;
+            let progress = query.recent_progress();
+            if let Err(e) = ended {
+                return Err(Failed::Query(e.cause));
+            }
+            Ok(FlowRun::Streamed {
+                batches: progress.iter().filter(|p| p.num_input_rows > 0).count() as u64,
+                rows: progress.iter().map(|p| p.num_input_rows).sum(),
+            })
+        }
+        FlowKind::Once | FlowKind::Complete => {
+            let dir = Location::parse(&checkpoint)?;
+            if flow.kind == FlowKind::Once && dir.exists("once-complete").await.map_err(io)? {
+                return Ok(FlowRun::AlreadyDone);
+            }
+            // The flow's id: the Delta txn's appId, the same in every update, so that a
+            // replayed write is skipped.
+            let _ = dir
+                .put_if_absent("id", uuid::Uuid::new_v4().to_string().into())
+                .await
+                .map_err(io)?;
+            let id = dir.get("id").await.map_err(io)?.unwrap_or_default();
+            let id = String::from_utf8_lossy(&id).trim().to_string();
+            let plan = session.plan_sql(&flow.query).await?;
+            if weir_planner::is_streaming(&plan) {
+                return Err(Failed::Other(Error::user(
+                    "INVALID_FLOW_QUERY_TYPE.STREAMING_RELATION_FOR_ONCE_FLOW",
+                    "42000",
+                    format!(
+                        "Flow '{}' reads a stream, but a {} runs a batch query: read the table \
+                         without STREAM.",
+                        flow.name,
+                        if flow.kind == FlowKind::Once {
+                            "once flow"
+                        } else {
+                            "materialized view"
+                        }
+                    ),
+                )));
+            }
+            let df = DataFrame::new(session.context().state(), plan);
+            let schema = Arc::new(df.schema().as_arrow().clone());
+            let batches = df.collect().await?;
+            let rows = batches.iter().map(|b| b.num_rows() as u64).sum();
+            let mode = if flow.kind == FlowKind::Once {
+                OutputMode::Append
+            } else {
+                OutputMode::Complete
+            };
+            let sink = DeltaSink::try_new(&Options::new().with("path", &table), &schema, mode)?;
+            sink.open(&id).await?;
+            // A once flow writes batch 0 once; a view's every update is a new batch.
+            let batch = if flow.kind == FlowKind::Once {
+                0
+            } else {
+                chrono_ms()
+            };
+            sink.add_batch(batch, schema, batches).await?;
+            if flow.kind == FlowKind::Once {
+                dir.put_if_absent("once-complete", bytes::Bytes::new())
+                    .await
+                    .map_err(io)?;
+            }
+            Ok(FlowRun::Wrote { rows })
+        }
+    }
+}
+
+fn chrono_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or_default()
+}
+
+fn io(e: object_store::Error) -> Failed {
+    Failed::Other(Error::from(ClassifiedError::new(
+        "PIPELINE_STORAGE_ERROR",
+        "58030",
+        format!("The pipeline's storage could not be read or written: {e}."),
+    )))
+}

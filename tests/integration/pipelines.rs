@@ -1,0 +1,142 @@
+//! `weir pipeline run` on real projects: flows in stages into Delta tables, checkpoints per
+//! flow, once flows, materialized views.
+
+use crate::support;
+
+/// A project in `dir` whose one library file holds `sql`.
+fn project(dir: &std::path::Path, sql: &str) -> std::path::PathBuf {
+    let project = dir.join("p");
+    std::fs::create_dir_all(project.join("transformations")).unwrap();
+    std::fs::write(
+        project.join("weir-pipeline.yml"),
+        "name: p\nstorage: store\nlibraries:\n  - glob:\n      include: transformations/**\n",
+    )
+    .unwrap();
+    std::fs::write(project.join("transformations/all.sql"), sql).unwrap();
+    project
+}
+
+/// `weir pipeline run` in `project`: whether it succeeded, and its stderr.
+fn update(project: &std::path::Path) -> (bool, String) {
+    let out = support::weir_command()
+        .args(["pipeline", "run"])
+        .current_dir(project)
+        .output()
+        .unwrap();
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// The rows of batch `sql` over the pipeline's `tables` (read from their Delta folders).
+fn rows(project: &std::path::Path, tables: &[&str], sql: &str) -> Vec<String> {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let session = weir::WeirSession::new();
+        for t in tables {
+            let path = project.join("store/tables").join(t);
+            session
+                .register_delta_table(t, path.to_str().unwrap(), &weir::Options::new())
+                .await
+                .unwrap();
+        }
+        support::text_rows(&session, sql).await
+    })
+}
+
+const PIPELINE: &str = "
+CREATE STREAMING TABLE raw AS
+SELECT value FROM STREAM rate_micro_batch(rowsPerBatch => 4);
+
+-- One table fed by three flows: two streaming, one once.
+CREATE STREAMING TABLE all_rows;
+CREATE FLOW evens AS INSERT INTO all_rows BY NAME SELECT value FROM STREAM raw WHERE value % 2 = 0;
+CREATE FLOW odds AS INSERT INTO all_rows BY NAME SELECT value FROM STREAM raw WHERE value % 2 = 1;
+CREATE FLOW seed AS INSERT INTO ONCE all_rows BY NAME SELECT CAST(-1 AS BIGINT) AS value;
+
+CREATE TEMPORARY VIEW positive AS SELECT value FROM all_rows WHERE value >= 0;
+CREATE MATERIALIZED VIEW total AS SELECT count(*) AS n, sum(value) AS s FROM positive;
+";
+
+#[test]
+fn an_update_runs_every_flow_in_stages_and_the_next_goes_on_from_each_flows_checkpoint() {
+    let dir = tempfile::tempdir().unwrap();
+    let project = project(dir.path(), PIPELINE);
+    let (ok, stderr) = update(&project);
+    assert!(ok, "{stderr}");
+    assert!(
+        stderr.contains("seed → all_rows: 1 row(s) written"),
+        "{stderr}"
+    );
+    assert_eq!(
+        rows(
+            &project,
+            &["all_rows"],
+            "SELECT value FROM all_rows ORDER BY value"
+        ),
+        ["-1", "0", "1", "2", "3"]
+    );
+    assert_eq!(
+        rows(&project, &["total"], "SELECT n, s FROM total"),
+        ["4,6"]
+    );
+    for flow in [
+        "raw/raw",
+        "all_rows/evens",
+        "all_rows/odds",
+        "all_rows/seed",
+        "total/total",
+    ] {
+        assert!(
+            project.join("store/_checkpoints").join(flow).is_dir(),
+            "{flow}: {stderr}"
+        );
+    }
+
+    // The next update: each streaming flow reads the source's next batch once, the once flow
+    // does not run again, the view is recomputed.
+    let (ok, stderr) = update(&project);
+    assert!(ok, "{stderr}");
+    assert!(
+        stderr.contains("seed → all_rows: once flow, done in an earlier update"),
+        "{stderr}"
+    );
+    assert_eq!(
+        rows(
+            &project,
+            &["all_rows"],
+            "SELECT value FROM all_rows ORDER BY value"
+        ),
+        ["-1", "0", "1", "2", "3", "4", "5", "6", "7"]
+    );
+    assert_eq!(
+        rows(&project, &["total"], "SELECT n, s FROM total"),
+        ["8,28"]
+    );
+}
+
+#[test]
+fn a_failing_flow_fails_the_update_and_later_stages_do_not_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let project = project(
+        dir.path(),
+        "CREATE STREAMING TABLE raw AS SELECT value FROM STREAM rate_micro_batch(rowsPerBatch => 4);
+         CREATE STREAMING TABLE bad AS SELECT no_such_column FROM STREAM raw;
+         CREATE MATERIALIZED VIEW after_bad AS SELECT count(*) AS n FROM bad;",
+    );
+    let (ok, stderr) = update(&project);
+    assert!(!ok);
+    assert!(
+        stderr.contains("bad → bad: FAILED") && stderr.contains("no_such_column"),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("after_bad → after_bad: not run: an earlier flow failed"),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("raw → raw: 1 batch(es), 4 row(s) read"),
+        "{stderr}"
+    );
+}
