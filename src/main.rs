@@ -132,6 +132,16 @@ enum PipelineCommand {
         /// The spec file; by default weir-pipeline.yml in this folder or the nearest above.
         #[arg(long)]
         spec: Option<PathBuf>,
+        /// Update only these datasets (comma-separated; repeatable).
+        #[arg(long, value_delimiter = ',')]
+        refresh: Vec<String>,
+        /// Clear these datasets and every checkpoint of their flows, then recompute them
+        /// (comma-separated; repeatable). Older table versions stay readable.
+        #[arg(long, value_delimiter = ',')]
+        full_refresh: Vec<String>,
+        /// Fully refresh every dataset.
+        #[arg(long)]
+        full_refresh_all: bool,
     },
     /// Check the pipeline without reading or writing data: its spec, its files' statements,
     /// and its dataset graph (two definitions of a name, flows into undefined tables, tables
@@ -397,8 +407,26 @@ async fn run(cli: Cli) -> anyhow::Result<std::process::ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         Command::Pipeline {
-            command: PipelineCommand::Run { spec },
+            command:
+                PipelineCommand::Run {
+                    spec,
+                    refresh,
+                    full_refresh,
+                    full_refresh_all,
+                },
         } => {
+            let trim = |v: Vec<String>| -> Vec<String> {
+                v.into_iter()
+                    .map(|s| s.trim().to_string())
+                    .filter(|s| !s.is_empty())
+                    .collect()
+            };
+            let options = weir_pipeline::UpdateOptions {
+                refresh: trim(refresh),
+                full_refresh: trim(full_refresh),
+                full_refresh_all,
+            };
+            options.check().map_err(weir::Error::from)?;
             let path = match spec {
                 Some(p) => p,
                 None => weir_pipeline::PipelineSpec::find(&std::env::current_dir()?)
@@ -426,7 +454,7 @@ async fn run(cli: Cli) -> anyhow::Result<std::process::ExitCode> {
                 graph.flows.len(),
                 spec.storage
             );
-            let outcomes = weir_pipeline::run_update(&spec, &graph).await?;
+            let outcomes = weir_pipeline::run_update(&spec, &graph, &options).await?;
             let mut failed = 0;
             for o in &outcomes {
                 let what = match &o.result {
@@ -438,6 +466,9 @@ async fn run(cli: Cli) -> anyhow::Result<std::process::ExitCode> {
                         "once flow, done in an earlier update".into()
                     }
                     Ok(weir_pipeline::FlowRun::NotRun) => "not run: an earlier flow failed".into(),
+                    Ok(weir_pipeline::FlowRun::NotSelected) => {
+                        "not selected by --refresh / --full-refresh".into()
+                    }
                     Err(e) => {
                         failed += 1;
                         format!("FAILED: {e}")

@@ -18,5 +18,5 @@ pub mod spec;
 
 pub use graph::{Dataset, DatasetKind, Flow, FlowKind, Graph};
 pub use init::init_project;
-pub use run::{FlowOutcome, FlowRun, Layout, run_update};
+pub use run::{FlowOutcome, FlowRun, Layout, UpdateOptions, run_update};
 pub use spec::PipelineSpec;

@@ -21,6 +21,7 @@
 //! A flow that fails ends the update after its stage: the flows of later stages do not run
 //! (they would read a table that missed its update), and the update reports which failed.
 
+use std::collections::BTreeSet;
 use std::sync::Arc;
 
 use datafusion::dataframe::DataFrame;
@@ -64,6 +65,94 @@ pub enum FlowRun {
     AlreadyDone,
     /// Not run: a flow of an earlier stage failed.
     NotRun,
+    /// Not run: the update refreshes other datasets only.
+    NotSelected,
+}
+
+/// What an update refreshes (`spark-pipelines run`'s selection flags).
+#[derive(Debug, Clone, Default)]
+pub struct UpdateOptions {
+    /// `--refresh`: datasets to update; when this or `full_refresh` names any, only the named
+    /// datasets update.
+    pub refresh: Vec<String>,
+    /// `--full-refresh`: datasets cleared, with every checkpoint of their flows, and recomputed
+    /// (once flows run again).
+    pub full_refresh: Vec<String>,
+    /// `--full-refresh-all`: every dataset fully refreshed.
+    pub full_refresh_all: bool,
+}
+
+impl UpdateOptions {
+    /// Refuses selections that do not mean one thing, as Spark does, before anything is read.
+    pub fn check(&self) -> Result<(), ClassifiedError> {
+        if self.full_refresh_all {
+            let conflicting = if !self.full_refresh.is_empty() {
+                Some("--full-refresh")
+            } else if !self.refresh.is_empty() {
+                Some("--refresh")
+            } else {
+                None
+            };
+            if let Some(option) = conflicting {
+                return Err(ClassifiedError::new(
+                    "CONFLICTING_PIPELINE_REFRESH_OPTIONS",
+                    "42K06",
+                    format!(
+                        "--full-refresh-all conflicts with {option}: it fully refreshes every \
+                         dataset, so naming datasets with {option} means nothing. Give one of \
+                         the two."
+                    ),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// The datasets (keys) this update runs the flows of, and those it resets first.
+    fn select(
+        &self,
+        graph: &Graph,
+    ) -> Result<(BTreeSet<String>, BTreeSet<String>), ClassifiedError> {
+        let stored: BTreeSet<String> = graph
+            .datasets
+            .iter()
+            .filter(|(_, d)| d.kind != DatasetKind::TemporaryView)
+            .map(|(k, _)| k.clone())
+            .collect();
+        let named = |names: &[String]| -> Result<BTreeSet<String>, ClassifiedError> {
+            names
+                .iter()
+                .map(|n| {
+                    let k = n.to_ascii_lowercase();
+                    if stored.contains(&k) {
+                        Ok(k)
+                    } else {
+                        Err(ClassifiedError::new(
+                            "TABLE_OR_VIEW_NOT_FOUND",
+                            "42P01",
+                            format!(
+                                "'{n}' is not a streaming table or materialized view of this \
+                                 pipeline; its datasets are: {}.",
+                                stored.iter().cloned().collect::<Vec<_>>().join(", ")
+                            ),
+                        ))
+                    }
+                })
+                .collect()
+        };
+        let refresh = named(&self.refresh)?;
+        let reset = if self.full_refresh_all {
+            stored.clone()
+        } else {
+            named(&self.full_refresh)?
+        };
+        let update = if refresh.is_empty() && self.full_refresh.is_empty() {
+            stored
+        } else {
+            refresh.union(&reset).cloned().collect()
+        };
+        Ok((update, reset))
+    }
 }
 
 /// Where the pipeline keeps things.
@@ -90,6 +179,11 @@ impl Layout {
             .as_ref()
             .and_then(|t| t.location.clone())
             .unwrap_or_else(|| self.under(&format!("tables/{}", d.name.to_ascii_lowercase())))
+    }
+
+    /// The checkpoints of every flow into `table`.
+    pub fn checkpoints_of(&self, table: &str) -> String {
+        self.under(&format!("_checkpoints/{}", table.to_ascii_lowercase()))
     }
 
     /// The checkpoint of `flow` into `table`.
@@ -139,9 +233,18 @@ fn session_for(spec: &PipelineSpec) -> Result<WeirSession, Error> {
 
 /// Runs one update of the pipeline `spec` whose datasets and flows are `graph`: every flow,
 /// stage after stage. Returns each flow's outcome in the order they ran.
-pub async fn run_update(spec: &PipelineSpec, graph: &Graph) -> Result<Vec<FlowOutcome>, Error> {
+pub async fn run_update(
+    spec: &PipelineSpec,
+    graph: &Graph,
+    options: &UpdateOptions,
+) -> Result<Vec<FlowOutcome>, Error> {
+    options.check()?;
+    let (update, reset) = options.select(graph)?;
     let session = session_for(spec)?;
     let layout = Layout::new(&spec.storage);
+    for k in &reset {
+        reset_dataset(&layout, &graph.datasets[k]).await?;
+    }
     // Tables earlier updates wrote are readable before this update's flows run.
     for d in graph.datasets.values() {
         if d.kind != DatasetKind::TemporaryView {
@@ -162,6 +265,14 @@ pub async fn run_update(spec: &PipelineSpec, graph: &Graph) -> Result<Vec<FlowOu
             continue;
         }
         register_views(&session, graph).await;
+        let (stage, skipped): (Vec<usize>, Vec<usize>) = stage
+            .into_iter()
+            .partition(|&i| update.contains(&graph.flows[i].target.to_ascii_lowercase()));
+        outcomes.extend(skipped.iter().map(|&i| FlowOutcome {
+            flow: graph.flows[i].name.clone(),
+            target: graph.flows[i].target.clone(),
+            result: Ok(FlowRun::NotSelected),
+        }));
         let runs = stage.iter().map(|&i| {
             let flow = &graph.flows[i];
             let dataset = &graph.datasets[&flow.target.to_ascii_lowercase()];
@@ -184,6 +295,35 @@ pub async fn run_update(spec: &PipelineSpec, graph: &Graph) -> Result<Vec<FlowOu
         }
     }
     Ok(outcomes)
+}
+
+/// A full refresh of `d`: every checkpoint of its flows goes (once flows run again), and its
+/// table is emptied by an overwrite commit, so the versions before stay readable (`VERSION AS
+/// OF`) for a backfill.
+async fn reset_dataset(layout: &Layout, d: &Dataset) -> Result<(), Error> {
+    let checkpoints = Location::parse(&layout.checkpoints_of(&d.name))?;
+    checkpoints.delete_all().await?;
+    let path = layout.table(d);
+    let url = weir_common::delta::table_url(&path, false)?;
+    let Ok(table) = weir_common::delta::open(&url, &Default::default()).await else {
+        return Ok(());
+    };
+    if table.version().is_none() {
+        return Ok(());
+    }
+    let schema = table
+        .snapshot()
+        .map_err(|e| weir_common::delta::error(e, "read the table's schema"))?
+        .snapshot()
+        .arrow_schema();
+    let sink = DeltaSink::try_new(
+        &Options::new().with("path", &path),
+        &schema,
+        OutputMode::Complete,
+    )?;
+    sink.open(&uuid::Uuid::new_v4().to_string()).await?;
+    sink.add_batch(0, schema, vec![]).await?;
+    Ok(())
 }
 
 /// Registers every temporary view whose query plans now (the tables it reads exist): a view

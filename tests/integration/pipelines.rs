@@ -18,8 +18,14 @@ fn project(dir: &std::path::Path, sql: &str) -> std::path::PathBuf {
 
 /// `weir pipeline run` in `project`: whether it succeeded, and its stderr.
 fn update(project: &std::path::Path) -> (bool, String) {
+    update_with(project, &[])
+}
+
+/// `weir pipeline run ARGS` in `project`.
+fn update_with(project: &std::path::Path, args: &[&str]) -> (bool, String) {
     let out = support::weir_command()
         .args(["pipeline", "run"])
+        .args(args)
         .current_dir(project)
         .output()
         .unwrap();
@@ -139,4 +145,59 @@ fn a_failing_flow_fails_the_update_and_later_stages_do_not_run() {
         stderr.contains("raw → raw: 1 batch(es), 4 row(s) read"),
         "{stderr}"
     );
+}
+
+#[test]
+fn refresh_selections_update_only_the_named_datasets_and_a_full_refresh_recomputes_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let project = project(dir.path(), PIPELINE);
+    let all_rows = || {
+        rows(
+            &project,
+            &["all_rows"],
+            "SELECT value FROM all_rows ORDER BY value",
+        )
+    };
+    let (ok, stderr) = update(&project);
+    assert!(ok, "{stderr}");
+
+    // Only raw: it reads its next batch; all_rows and total stay as they were.
+    let (ok, stderr) = update_with(&project, &["--refresh", "raw"]);
+    assert!(ok, "{stderr}");
+    assert!(
+        stderr.contains("evens → all_rows: not selected by --refresh / --full-refresh"),
+        "{stderr}"
+    );
+    assert_eq!(rows(&project, &["raw"], "SELECT count(*) FROM raw"), ["8"]);
+    assert_eq!(all_rows(), ["-1", "0", "1", "2", "3"]);
+    assert_eq!(
+        rows(&project, &["total"], "SELECT n, s FROM total"),
+        ["4,6"]
+    );
+
+    // all_rows starts over: its flows read raw from the start again and the once flow runs
+    // again; raw (not selected) reads nothing new.
+    let (ok, stderr) = update_with(&project, &["--full-refresh", "all_rows"]);
+    assert!(ok, "{stderr}");
+    assert!(
+        stderr.contains("seed → all_rows: 1 row(s) written"),
+        "{stderr}"
+    );
+    assert_eq!(all_rows(), ["-1", "0", "1", "2", "3", "4", "5", "6", "7"]);
+    assert_eq!(rows(&project, &["raw"], "SELECT count(*) FROM raw"), ["8"]);
+
+    // Selections that do not mean one thing, or name no dataset, are refused before anything
+    // runs.
+    let before = support::contents(&project.join("store"));
+    let (ok, stderr) = update_with(&project, &["--full-refresh-all", "--refresh", "raw"]);
+    assert!(
+        !ok && stderr.contains("CONFLICTING_PIPELINE_REFRESH_OPTIONS"),
+        "{stderr}"
+    );
+    let (ok, stderr) = update_with(&project, &["--refresh", "nope"]);
+    assert!(
+        !ok && stderr.contains("TABLE_OR_VIEW_NOT_FOUND"),
+        "{stderr}"
+    );
+    assert_eq!(support::contents(&project.join("store")), before);
 }
