@@ -465,7 +465,7 @@ async fn run(cli: Cli) -> anyhow::Result<std::process::ExitCode> {
                     Ok(weir_pipeline::FlowRun::AlreadyDone) => {
                         "once flow, done in an earlier update".into()
                     }
-                    Ok(weir_pipeline::FlowRun::NotRun) => "not run: an earlier flow failed".into(),
+                    Ok(weir_pipeline::FlowRun::NotRun) => "not run: another flow failed".into(),
                     Ok(weir_pipeline::FlowRun::NotSelected) => {
                         "not selected by --refresh / --full-refresh".into()
                     }
@@ -503,7 +503,34 @@ async fn run(cli: Cli) -> anyhow::Result<std::process::ExitCode> {
             match weir_pipeline::Graph::from_files(&files) {
                 Ok(graph) => {
                     print!("{}", graph.describe().map_err(weir::Error::from)?);
-                    println!("The graph is sound.");
+                    let session = weir_pipeline::session_for(&spec)?;
+                    let layout = weir_pipeline::Layout::new(&spec.storage);
+                    let checks = weir_pipeline::check_flows(&session, &layout, &graph).await?;
+                    let mut failed = 0;
+                    for c in &checks {
+                        match (&c.error, &c.restart) {
+                            _ if c.blocked_by.is_some() => eprintln!(
+                                "flow '{}' not checked: it reads '{}', whose flows did not pass",
+                                c.flow,
+                                c.blocked_by.as_deref().unwrap_or_default()
+                            ),
+                            (Some(e), _) => eprintln!("error: flow '{}': {e}", c.flow),
+                            (None, Some(r)) if !r.accepted => {
+                                eprintln!(
+                                    "error: flow '{}' cannot restart from its checkpoint:\n{}",
+                                    c.flow,
+                                    r.table()
+                                )
+                            }
+                            _ => {}
+                        }
+                        failed += usize::from(!c.ok());
+                    }
+                    if failed > 0 {
+                        eprintln!("{failed} flow(s) would not start; nothing was read or written.");
+                        return Ok(ExitCode::FAILURE);
+                    }
+                    println!("Every flow plans and can start: the update would run.");
                     Ok(ExitCode::SUCCESS)
                 }
                 Err(errors) => {

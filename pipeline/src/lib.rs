@@ -7,16 +7,20 @@
 //!                                 configuration; found from the working directory upwards
 //! weir pipeline init ─► init      a project folder with a spec and an example that runs as is
 //! library files ────► graph       datasets and flows, checked, in stages of dependency order
+//! dry-run, run ─────► check      every flow planned, and checked against its checkpoint,
+//!                                 before anything is read or written
 //! weir pipeline run ─► run        one update: every flow, stage after stage, into Delta tables
 //!                                 under the storage, each flow with its own checkpoint
 //! ```
 
+pub mod check;
 pub mod graph;
 pub mod init;
 pub mod run;
 pub mod spec;
 
+pub use check::{FlowCheck, check_flows};
 pub use graph::{Dataset, DatasetKind, Flow, FlowKind, Graph};
 pub use init::init_project;
-pub use run::{FlowOutcome, FlowRun, Layout, UpdateOptions, run_update};
+pub use run::{FlowOutcome, FlowRun, Layout, UpdateOptions, run_update, session_for};
 pub use spec::PipelineSpec;

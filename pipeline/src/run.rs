@@ -63,7 +63,7 @@ pub enum FlowRun {
     },
     /// A once flow that ran in an earlier update.
     AlreadyDone,
-    /// Not run: a flow of an earlier stage failed.
+    /// Not run: another flow failed, or failed its checks before the update started.
     NotRun,
     /// Not run: the update refreshes other datasets only.
     NotSelected,
@@ -196,7 +196,8 @@ impl Layout {
     }
 }
 
-fn session_for(spec: &PipelineSpec) -> Result<WeirSession, Error> {
+/// A session with the spec's settings.
+pub fn session_for(spec: &PipelineSpec) -> Result<WeirSession, Error> {
     let mut config = SessionConfig::new();
     for (k, v) in &spec.configuration {
         let lower = k.to_ascii_lowercase();
@@ -240,8 +241,54 @@ pub async fn run_update(
 ) -> Result<Vec<FlowOutcome>, Error> {
     options.check()?;
     let (update, reset) = options.select(graph)?;
-    let session = session_for(spec)?;
     let layout = Layout::new(&spec.storage);
+    // Every selected flow plans, and restarts from its checkpoint (unless a full refresh drops
+    // it), before anything is written; otherwise the update does not start.
+    let checks = crate::check::check_flows(&session_for(spec)?, &layout, graph).await?;
+    let mut refused = vec![];
+    for (flow, check) in graph.flows.iter().zip(checks) {
+        let target = flow.target.to_ascii_lowercase();
+        if !update.contains(&target) {
+            continue;
+        }
+        if check.blocked_by.is_some() {
+            continue;
+        }
+        let error = match (check.error, check.restart) {
+            (Some(e), _) => Some(Arc::new(e)),
+            (None, Some(r)) if !r.accepted && !reset.contains(&target) => {
+                r.refusals.first().cloned()
+            }
+            _ => None,
+        };
+        if let Some(e) = error {
+            refused.push((check.flow, check.target, e));
+        }
+    }
+    if !refused.is_empty() {
+        let failing: BTreeSet<&str> = refused.iter().map(|(f, _, _)| f.as_str()).collect();
+        let mut outcomes: Vec<FlowOutcome> = refused
+            .iter()
+            .map(|(flow, target, e)| FlowOutcome {
+                flow: flow.clone(),
+                target: target.clone(),
+                result: Err(Arc::clone(e)),
+            })
+            .collect();
+        outcomes.extend(
+            graph
+                .flows
+                .iter()
+                .filter(|f| !failing.contains(f.name.as_str()))
+                .map(|f| FlowOutcome {
+                    flow: f.name.clone(),
+                    target: f.target.clone(),
+                    result: Ok(FlowRun::NotRun),
+                }),
+        );
+        return Ok(outcomes);
+    }
+    let session = session_for(spec)?;
     for k in &reset {
         reset_dataset(&layout, &graph.datasets[k]).await?;
     }
@@ -329,7 +376,7 @@ async fn reset_dataset(layout: &Layout, d: &Dataset) -> Result<(), Error> {
 /// Registers every temporary view whose query plans now (the tables it reads exist): a view
 /// over a table a later stage writes first is registered before that stage. A view that does
 /// not plan stays unregistered; a flow reading it fails with the view's name.
-async fn register_views(session: &WeirSession, graph: &Graph) {
+pub(crate) async fn register_views(session: &WeirSession, graph: &Graph) {
     for d in graph.datasets.values() {
         if let (DatasetKind::TemporaryView, Some(q)) = (d.kind, &d.query)
             && let Ok(plan) = session.plan_sql(q).await

@@ -123,7 +123,7 @@ fn an_update_runs_every_flow_in_stages_and_the_next_goes_on_from_each_flows_chec
 }
 
 #[test]
-fn a_failing_flow_fails_the_update_and_later_stages_do_not_run() {
+fn a_flow_that_does_not_plan_stops_the_update_before_anything_is_written() {
     let dir = tempfile::tempdir().unwrap();
     let project = project(
         dir.path(),
@@ -138,12 +138,13 @@ fn a_failing_flow_fails_the_update_and_later_stages_do_not_run() {
         "{stderr}"
     );
     assert!(
-        stderr.contains("after_bad → after_bad: not run: an earlier flow failed"),
+        stderr.contains("after_bad → after_bad: not run") && stderr.contains("raw → raw: not run"),
         "{stderr}"
     );
+    assert!(stderr.contains("1 flow(s) failed"), "{stderr}");
     assert!(
-        stderr.contains("raw → raw: 1 batch(es), 4 row(s) read"),
-        "{stderr}"
+        !project.join("store/tables").exists(),
+        "nothing was written"
     );
 }
 
@@ -200,4 +201,72 @@ fn refresh_selections_update_only_the_named_datasets_and_a_full_refresh_recomput
         "{stderr}"
     );
     assert_eq!(support::contents(&project.join("store")), before);
+}
+
+#[test]
+fn a_flow_whose_state_no_longer_fits_its_query_is_refused_before_anything_is_written() {
+    let dir = tempfile::tempdir().unwrap();
+    let raw = "CREATE STREAMING TABLE raw AS \
+               SELECT value FROM STREAM rate_micro_batch(rowsPerBatch => 4);\n";
+    let project = project(
+        dir.path(),
+        &format!(
+            "{raw}CREATE STREAMING TABLE firsts AS \
+             SELECT DISTINCT ON (k) k, value FROM (SELECT value % 3 AS k, value FROM STREAM raw);"
+        ),
+    );
+    let (ok, stderr) = update(&project);
+    assert!(ok, "{stderr}");
+    assert_eq!(
+        rows(
+            &project,
+            &["firsts"],
+            "SELECT k, value FROM firsts ORDER BY k"
+        ),
+        ["0,0", "1,1", "2,2"]
+    );
+
+    // The deduplication is removed: its state no longer fits the flow's query.
+    std::fs::write(
+        project.join("transformations/all.sql"),
+        format!(
+            "{raw}CREATE STREAMING TABLE firsts AS \
+             SELECT value % 3 AS k, value FROM STREAM raw;"
+        ),
+    )
+    .unwrap();
+    let before = support::contents(&project.join("store"));
+    let out = support::weir_command()
+        .args(["pipeline", "dry-run"])
+        .current_dir(&project)
+        .output()
+        .unwrap();
+    let dry = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        dry.contains("flow 'firsts' cannot restart from its checkpoint")
+            && dry.contains("STREAMING_STATEFUL_OPERATOR_NOT_MATCH_IN_STATE_METADATA"),
+        "{dry}"
+    );
+    let (ok, stderr) = update(&project);
+    assert!(!ok);
+    assert!(
+        stderr.contains("firsts → firsts: FAILED")
+            && stderr.contains("STREAMING_STATEFUL_OPERATOR_NOT_MATCH_IN_STATE_METADATA")
+            && stderr.contains("raw → raw: not run"),
+        "{stderr}"
+    );
+    assert_eq!(
+        support::contents(&project.join("store")),
+        before,
+        "nothing was written"
+    );
+
+    // A full refresh of the table starts its flow over with the new query.
+    let (ok, stderr) = update_with(&project, &["--full-refresh", "firsts"]);
+    assert!(ok, "{stderr}");
+    assert_eq!(
+        rows(&project, &["firsts"], "SELECT count(*) FROM firsts"),
+        ["4"]
+    );
 }

@@ -13,6 +13,8 @@
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
+use std::sync::Arc;
+
 use serde::Serialize;
 use uuid::Uuid;
 
@@ -177,6 +179,9 @@ pub struct ValidationReport {
     pub settings: Vec<SettingCheck>,
     /// Every check that refuses the query; empty when it is accepted.
     pub problems: Vec<Problem>,
+    /// The errors a restart would fail with, one per problem, as a restart reports them.
+    #[serde(skip)]
+    pub refusals: Vec<Arc<Error>>,
 }
 
 /// A source on both sides: name, the checkpoint's identity, the query's identity.
@@ -293,6 +298,7 @@ impl Sides<'_> {
             operators,
             settings,
             problems: self.problems.iter().map(Problem::from).collect(),
+            refusals: self.problems.into_iter().map(Arc::new).collect(),
         }
     }
 }
