@@ -142,6 +142,11 @@ enum PipelineCommand {
         /// Fully refresh every dataset.
         #[arg(long)]
         full_refresh_all: bool,
+        /// Reset these flows' checkpoints first (comma-separated; repeatable): each fits its
+        /// checkpoint to its query and starts its sources anew, from where the checkpoint left
+        /// off or from the starting option its query gives; the tables and other flows stay.
+        #[arg(long, value_delimiter = ',')]
+        reset_checkpoint: Vec<String>,
     },
     /// Check the pipeline without reading or writing data: its spec, its files' statements,
     /// and its dataset graph (two definitions of a name, flows into undefined tables, tables
@@ -413,6 +418,7 @@ async fn run(cli: Cli) -> anyhow::Result<std::process::ExitCode> {
                     refresh,
                     full_refresh,
                     full_refresh_all,
+                    reset_checkpoint,
                 },
         } => {
             let trim = |v: Vec<String>| -> Vec<String> {
@@ -454,6 +460,14 @@ async fn run(cli: Cli) -> anyhow::Result<std::process::ExitCode> {
                 graph.flows.len(),
                 spec.storage
             );
+            let reset_checkpoint = trim(reset_checkpoint);
+            if !reset_checkpoint.is_empty() {
+                for (flow, report) in
+                    weir_pipeline::reset_flows(&spec, &graph, &reset_checkpoint).await?
+                {
+                    eprintln!("Checkpoint of flow '{flow}' reset:\n{}", report.table());
+                }
+            }
             let outcomes = weir_pipeline::run_update(&spec, &graph, &options).await?;
             let mut failed = 0;
             for o in &outcomes {

@@ -373,6 +373,107 @@ async fn reset_dataset(layout: &Layout, d: &Dataset) -> Result<(), Error> {
     Ok(())
 }
 
+/// The source options that say where a source starts: a flow whose query gives one starts its
+/// sources there after `--reset-checkpoint`, instead of where the checkpoint left off.
+const STARTING_OPTIONS: [&str; 5] = [
+    "modifiedafter",
+    "startingoffsets",
+    "startingversion",
+    "startingtimestamp",
+    "startingoffsetsbytimestamp",
+];
+
+/// `--reset-checkpoint`: fits each named flow's checkpoint to its query as `weir checkpoint
+/// reset --query` does (state that still fits stays, changed or removed operators start empty
+/// or go), and starts every source of the flow anew: from a position derived from the
+/// checkpoint's committed offsets, or, where the flow's query gives a starting option
+/// (`modifiedAfter`, `startingOffsets`, `startingVersion`, ...), from there; gaps and overlaps
+/// against the committed offsets are warnings in the report. The table and every other flow are
+/// left as they are. A flow without a checkpoint yet has nothing to reset.
+pub async fn reset_flows(
+    spec: &PipelineSpec,
+    graph: &Graph,
+    flows: &[String],
+) -> Result<Vec<(String, weir_engine::tools::reset::ResetReport)>, Error> {
+    let layout = Layout::new(&spec.storage);
+    let mut selected = vec![];
+    for name in flows {
+        let Some(flow) = graph
+            .flows
+            .iter()
+            .find(|f| f.name.eq_ignore_ascii_case(name))
+        else {
+            return Err(Error::user(
+                "PIPELINE_FLOW_NOT_FOUND",
+                "42704",
+                format!(
+                    "'{name}' is not a flow of this pipeline; its flows are: {}. Nothing was \
+                     reset.",
+                    graph
+                        .flows
+                        .iter()
+                        .map(|f| f.name.as_str())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ),
+            ));
+        };
+        if flow.kind != FlowKind::Append {
+            return Err(Error::user(
+                "PIPELINE_FLOW_CHECKPOINT_NOT_RESETTABLE",
+                "42K06",
+                format!(
+                    "Flow '{}' is a once flow or a materialized view: it keeps no streaming \
+                     checkpoint to reset. A full refresh of '{}' (--full-refresh) runs it \
+                     again. Nothing was reset.",
+                    flow.name, flow.target
+                ),
+            ));
+        }
+        selected.push(flow);
+    }
+    let session = session_for(spec)?;
+    for d in graph.datasets.values() {
+        if d.kind != DatasetKind::TemporaryView {
+            let _ = session
+                .register_delta_table(&d.name, &layout.table(d), &Options::new())
+                .await;
+        }
+    }
+    register_views(&session, graph).await;
+    let mut reports = vec![];
+    for flow in selected {
+        let dataset = &graph.datasets[&flow.target.to_ascii_lowercase()];
+        let checkpoint = layout.checkpoint(&dataset.name, &flow.name);
+        let started =
+            Location::parse_existing_with(&checkpoint, std::iter::empty::<(&str, &str)>()).ok();
+        let started = match started {
+            Some(l) => l.exists("metadata").await.unwrap_or(false),
+            None => false,
+        };
+        if !started {
+            continue;
+        }
+        let plan = session.plan_sql(&flow.query).await?;
+        let sources: Vec<String> = (0..weir_planner::streaming_tables(&plan).len())
+            .map(|i| i.to_string())
+            .collect();
+        let lower = flow.query.to_ascii_lowercase();
+        let from_start = STARTING_OPTIONS.iter().any(|o| lower.contains(o));
+        let df = DataFrame::new(session.context().state(), plan);
+        let report = session
+            .write_stream(df)
+            .format("delta")
+            .option("path", layout.table(dataset))
+            .checkpoint_location(checkpoint)
+            .trigger(Trigger::AvailableNow)
+            .reset_checkpoint_sources(&sources, from_start)
+            .await?;
+        reports.push((flow.name.clone(), report));
+    }
+    Ok(reports)
+}
+
 /// Registers every temporary view whose query plans now (the tables it reads exist): a view
 /// over a table a later stage writes first is registered before that stage. A view that does
 /// not plan stays unregistered; a flow reading it fails with the view's name.

@@ -270,3 +270,52 @@ fn a_flow_whose_state_no_longer_fits_its_query_is_refused_before_anything_is_wri
         ["4"]
     );
 }
+
+#[test]
+fn a_reset_checkpoint_lets_a_changed_flow_go_on_and_keeps_its_tables_rows() {
+    let dir = tempfile::tempdir().unwrap();
+    let raw = "CREATE STREAMING TABLE raw AS \
+               SELECT value FROM STREAM rate_micro_batch(rowsPerBatch => 4);\n";
+    let project = project(
+        dir.path(),
+        &format!(
+            "{raw}CREATE STREAMING TABLE firsts AS \
+             SELECT DISTINCT ON (k) k, value FROM (SELECT value % 3 AS k, value FROM STREAM raw);"
+        ),
+    );
+    let (ok, stderr) = update(&project);
+    assert!(ok, "{stderr}");
+    std::fs::write(
+        project.join("transformations/all.sql"),
+        format!(
+            "{raw}CREATE STREAMING TABLE firsts AS \
+             SELECT value % 3 AS k, value FROM STREAM raw;"
+        ),
+    )
+    .unwrap();
+    let (ok, stderr) = update(&project);
+    assert!(!ok, "{stderr}");
+
+    // Only the flow's checkpoint is fitted to the new query: the deduplication's state goes,
+    // the flow continues after the raw rows it read, and the table keeps its three rows.
+    let (ok, stderr) = update_with(&project, &["--reset-checkpoint", "firsts"]);
+    assert!(ok, "{stderr}");
+    assert!(
+        stderr.contains("Checkpoint of flow 'firsts' reset"),
+        "{stderr}"
+    );
+    assert_eq!(rows(&project, &["raw"], "SELECT count(*) FROM raw"), ["8"]);
+    assert_eq!(
+        rows(
+            &project,
+            &["firsts"],
+            "SELECT count(*), count(*) FILTER (WHERE value >= 4) FROM firsts"
+        ),
+        ["7,4"]
+    );
+    let (ok, stderr) = update_with(&project, &["--reset-checkpoint", "nope"]);
+    assert!(
+        !ok && stderr.contains("PIPELINE_FLOW_NOT_FOUND"),
+        "{stderr}"
+    );
+}
