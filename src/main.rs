@@ -148,6 +148,16 @@ enum PipelineCommand {
         #[arg(long, value_delimiter = ',')]
         reset_checkpoint: Vec<String>,
     },
+    /// The pipeline's event log: every update's events (update created, its state, each
+    /// flow's status and per-batch progress), oldest first.
+    Events {
+        /// The spec file; by default weir-pipeline.yml in this folder or the nearest above.
+        #[arg(long)]
+        spec: Option<PathBuf>,
+        /// Print every column of every event as one JSON object per line.
+        #[arg(long)]
+        json: bool,
+    },
     /// Check the pipeline without reading or writing data: its spec, its files' statements,
     /// and its dataset graph (two definitions of a name, flows into undefined tables, tables
     /// no flow writes, cycles). Exit code 0 only when the graph is sound.
@@ -495,6 +505,41 @@ async fn run(cli: Cli) -> anyhow::Result<std::process::ExitCode> {
                 return Ok(ExitCode::FAILURE);
             }
             eprintln!("The update completed.");
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Pipeline {
+            command: PipelineCommand::Events { spec, json },
+        } => {
+            let path = match spec {
+                Some(p) => p,
+                None => weir_pipeline::PipelineSpec::find(&std::env::current_dir()?)
+                    .map_err(weir::Error::from)?,
+            };
+            let spec = weir_pipeline::PipelineSpec::load(&path).map_err(weir::Error::from)?;
+            let session = WeirSession::new();
+            let storage = spec.storage.replace('\'', "''");
+            let columns = if json {
+                "*"
+            } else {
+                "timestamp, update_id, event_type, flow_name, level, message"
+            };
+            let df = session
+                .context()
+                .sql(&format!(
+                    "SELECT {columns} FROM event_log('{storage}') ORDER BY timestamp, sequence"
+                ))
+                .await
+                .map_err(weir::Error::from)?;
+            let batches = df.collect().await.map_err(weir::Error::from)?;
+            if json {
+                let mut writer = arrow::json::LineDelimitedWriter::new(std::io::stdout());
+                for b in &batches {
+                    writer.write(b)?;
+                }
+                writer.finish()?;
+            } else {
+                println!("{}", arrow::util::pretty::pretty_format_batches(&batches)?);
+            }
             Ok(ExitCode::SUCCESS)
         }
         Command::Pipeline {

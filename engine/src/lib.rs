@@ -21,6 +21,8 @@ pub mod checkpoint;
 #[cfg(feature = "delta")]
 pub mod delta_table;
 mod error;
+#[cfg(feature = "delta")]
+pub mod event_log;
 mod execution;
 mod stateful;
 pub mod tools;

@@ -14,6 +14,7 @@
 //! ```
 
 pub mod check;
+pub mod events;
 pub mod graph;
 pub mod init;
 pub mod run;

@@ -32,6 +32,9 @@ use weir_engine::{Error, OutputMode, Trigger, WeirSession};
 use weir_sinks::Sink;
 use weir_sinks::delta::DeltaSink;
 
+use serde_json::json;
+
+use crate::events::UpdateEvents;
 use crate::graph::{Dataset, DatasetKind, Flow, FlowKind, Graph};
 use crate::spec::PipelineSpec;
 
@@ -241,6 +244,50 @@ pub async fn run_update(
 ) -> Result<Vec<FlowOutcome>, Error> {
     options.check()?;
     let (update, reset) = options.select(graph)?;
+    let mut events = UpdateEvents::new(&spec.name, &spec.storage);
+    events.update(
+        "create_update",
+        format!(
+            "Update {} of pipeline '{}' started.",
+            events.update_id(),
+            spec.name
+        ),
+        json!({ "create_update": {
+            "refresh_selection": options.refresh,
+            "full_refresh_selection": options.full_refresh,
+            "full_refresh_all": options.full_refresh_all,
+        }}),
+    );
+    let result = run_selected(spec, graph, &update, &reset, &mut events).await;
+    let (state, level_message) = match &result {
+        Ok(outcomes) if outcomes.iter().all(|o| o.result.is_ok()) => {
+            ("COMPLETED", "Update has COMPLETED.".to_string())
+        }
+        Ok(outcomes) => (
+            "FAILED",
+            format!(
+                "Update has FAILED: {} flow(s) failed.",
+                outcomes.iter().filter(|o| o.result.is_err()).count()
+            ),
+        ),
+        Err(e) => ("FAILED", format!("Update has FAILED: {e}")),
+    };
+    events.update(
+        "update_progress",
+        level_message,
+        json!({ "update_progress": { "state": state } }),
+    );
+    events.write().await?;
+    result
+}
+
+async fn run_selected(
+    spec: &PipelineSpec,
+    graph: &Graph,
+    update: &BTreeSet<String>,
+    reset: &BTreeSet<String>,
+    events: &mut UpdateEvents,
+) -> Result<Vec<FlowOutcome>, Error> {
     let layout = Layout::new(&spec.storage);
     // Every selected flow plans, and restarts from its checkpoint (unless a full refresh drops
     // it), before anything is written; otherwise the update does not start.
@@ -262,6 +309,7 @@ pub async fn run_update(
             _ => None,
         };
         if let Some(e) = error {
+            events.flow_failed(&check.flow, &e);
             refused.push((check.flow, check.target, e));
         }
     }
@@ -288,8 +336,13 @@ pub async fn run_update(
         );
         return Ok(outcomes);
     }
+    events.update(
+        "update_progress",
+        "Update is RUNNING.".into(),
+        json!({ "update_progress": { "state": "RUNNING" } }),
+    );
     let session = session_for(spec)?;
-    for k in &reset {
+    for k in reset {
         reset_dataset(&layout, &graph.datasets[k]).await?;
     }
     // Tables earlier updates wrote are readable before this update's flows run.
@@ -320,13 +373,58 @@ pub async fn run_update(
             target: graph.flows[i].target.clone(),
             result: Ok(FlowRun::NotSelected),
         }));
+        for &i in &skipped {
+            let f = &graph.flows[i];
+            events.flow(
+                &f.name,
+                "EXCLUDED",
+                format!(
+                    "Flow '{}' is EXCLUDED: the update refreshes other datasets.",
+                    f.name
+                ),
+                json!({}),
+            );
+        }
+        for &i in &stage {
+            let f = &graph.flows[i];
+            events.flow(
+                &f.name,
+                "STARTING",
+                format!("Flow '{}' is STARTING.", f.name),
+                json!({}),
+            );
+        }
         let runs = stage.iter().map(|&i| {
             let flow = &graph.flows[i];
             let dataset = &graph.datasets[&flow.target.to_ascii_lowercase()];
             run_flow(&session, &layout, dataset, flow)
         });
         let results = join_all(runs).await;
-        for (&i, result) in stage.iter().zip(results) {
+        for (&i, (result, progress)) in stage.iter().zip(results) {
+            let name = &graph.flows[i].name;
+            for p in progress {
+                events.flow(
+                    name,
+                    "RUNNING",
+                    format!("Flow '{name}' ran a micro-batch."),
+                    json!({ "progress": p }),
+                );
+            }
+            match &result {
+                Ok(FlowRun::AlreadyDone) => events.flow(
+                    name,
+                    "SKIPPED",
+                    format!("Flow '{name}' is SKIPPED: a once flow that ran in an earlier update."),
+                    json!({}),
+                ),
+                Ok(run) => events.flow(
+                    name,
+                    "COMPLETED",
+                    format!("Flow '{name}' has COMPLETED."),
+                    json!({ "metrics": metrics(run) }),
+                ),
+                Err(e) => events.flow_failed(name, e),
+            }
             failed |= result.is_err();
             outcomes.push(FlowOutcome {
                 flow: graph.flows[i].name.clone(),
@@ -491,18 +589,33 @@ pub(crate) async fn register_views(session: &WeirSession, graph: &Graph) {
     }
 }
 
+/// A flow's figures for its `COMPLETED` event.
+fn metrics(run: &FlowRun) -> serde_json::Value {
+    match run {
+        FlowRun::Streamed { batches, rows } => {
+            json!({ "num_batches": batches, "num_input_rows": rows })
+        }
+        FlowRun::Wrote { rows } => json!({ "num_output_rows": rows }),
+        _ => json!({}),
+    }
+}
+
+/// Runs one flow: how it ended, and the progress records of the micro-batches it ran (Spark's
+/// JSON).
 async fn run_flow(
     session: &WeirSession,
     layout: &Layout,
     dataset: &Dataset,
     flow: &Flow,
-) -> Result<FlowRun, Arc<Error>> {
-    run_flow_inner(session, layout, dataset, flow)
+) -> (Result<FlowRun, Arc<Error>>, Vec<serde_json::Value>) {
+    let mut progress = vec![];
+    let result = run_flow_inner(session, layout, dataset, flow, &mut progress)
         .await
         .map_err(|e| match e {
             Failed::Query(e) => e,
             Failed::Other(e) => Arc::new(e),
-        })
+        });
+    (result, progress)
 }
 
 /// Why a flow failed: its streaming query's error (shared with the query's handle), or any
@@ -523,6 +636,7 @@ async fn run_flow_inner(
     layout: &Layout,
     dataset: &Dataset,
     flow: &Flow,
+    progress_out: &mut Vec<serde_json::Value>,
 ) -> Result<FlowRun, Failed> {
     let table = layout.table(dataset);
     let checkpoint = layout.checkpoint(&dataset.name, &flow.name);
@@ -544,6 +658,12 @@ async fn run_flow_inner(
             let query = writer.start().await?;
             let ended = query.await_termination().await;
             let progress = query.recent_progress();
+            progress_out.extend(
+                progress
+                    .iter()
+                    .filter(|p| p.num_input_rows > 0)
+                    .filter_map(|p| serde_json::to_value(p).ok()),
+            );
             if let Err(e) = ended {
                 return Err(Failed::Query(e.cause));
             }

@@ -173,6 +173,8 @@ impl WeirSession {
                 )),
             );
             ctx.register_udf(weir_planner::session_window::session_window_udf());
+            #[cfg(feature = "delta")]
+            ctx.register_udtf("event_log", Arc::new(crate::event_log::EventLogFunction));
             let _ = ctx.register_relation_planner(Arc::new(StreamRelationPlanner::new(
                 Arc::clone(&catalog),
             )));
