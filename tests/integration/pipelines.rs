@@ -405,3 +405,52 @@ fn every_update_writes_its_events_to_the_event_log() {
         "{table}"
     );
 }
+
+#[test]
+fn an_update_killed_inside_a_flow_loses_and_doubles_nothing_when_run_again() {
+    for stage in ["after_wal", "after_get_batch", "after_sink", "after_commit"] {
+        let dir = tempfile::tempdir().unwrap();
+        let project = project(dir.path(), PIPELINE);
+        let spec = project.join("weir-pipeline.yml");
+        support::kill_at(
+            &["pipeline", "run", "--spec", spec.to_str().unwrap()],
+            stage,
+            0,
+            &[],
+        );
+        for _ in 0..2 {
+            let (ok, stderr) = update(&project);
+            assert!(ok, "{stage}: {stderr}");
+        }
+        let raw: Vec<i64> = rows(&project, &["raw"], "SELECT value FROM raw ORDER BY value")
+            .iter()
+            .map(|v| v.parse().unwrap())
+            .collect();
+        assert!(
+            raw.len() >= 8 && raw.len() % 4 == 0,
+            "{stage}: whole batches: {raw:?}"
+        );
+        assert_eq!(
+            raw,
+            (0..raw.len() as i64).collect::<Vec<_>>(),
+            "{stage}: each value once"
+        );
+        let all: Vec<i64> = rows(
+            &project,
+            &["all_rows"],
+            "SELECT value FROM all_rows ORDER BY value",
+        )
+        .iter()
+        .map(|v| v.parse().unwrap())
+        .collect();
+        let mut expected = vec![-1];
+        expected.extend(&raw);
+        assert_eq!(all, expected, "{stage}: every raw row once, the seed once");
+        let n = raw.len() as i64;
+        assert_eq!(
+            rows(&project, &["total"], "SELECT n, s FROM total"),
+            [format!("{n},{}", n * (n - 1) / 2)],
+            "{stage}"
+        );
+    }
+}
