@@ -427,7 +427,7 @@ fn an_update_killed_inside_a_flow_loses_and_doubles_nothing_when_run_again() {
             .map(|v| v.parse().unwrap())
             .collect();
         assert!(
-            raw.len() >= 8 && raw.len() % 4 == 0,
+            raw.len() >= 8 && raw.len().is_multiple_of(4),
             "{stage}: whole batches: {raw:?}"
         );
         assert_eq!(
