@@ -256,7 +256,13 @@ fn main() -> std::process::ExitCode {
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_env("WEIR_LOG")
                 // delta-rs's kernel logs (with a backtrace) the errors weir reports itself.
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn,buoyant_kernel=off")),
+                // Pipeline flows into one table commit concurrently: delta-rs retries a commit
+                // that lost the race (and warns of it), which is how it is meant to go.
+                .unwrap_or_else(|_| {
+                    tracing_subscriber::EnvFilter::new(
+                        "warn,buoyant_kernel=off,deltalake_core::kernel::transaction=error",
+                    )
+                }),
         )
         .with_writer(std::io::stderr)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
