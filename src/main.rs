@@ -295,6 +295,16 @@ fn main() -> std::process::ExitCode {
     }
 }
 
+/// The pipeline spec at `spec`, or the one found from the working directory upwards.
+fn pipeline_spec(spec: Option<PathBuf>) -> anyhow::Result<weir_pipeline::PipelineSpec> {
+    let path = match spec {
+        Some(p) => p,
+        None => weir_pipeline::PipelineSpec::find(&std::env::current_dir()?)
+            .map_err(weir::Error::from)?,
+    };
+    Ok(weir_pipeline::PipelineSpec::load(&path).map_err(weir::Error::from)?)
+}
+
 /// The SQL file of a checkpoint tool, and the options that point its query at checkpoint `dir`.
 fn tool_script(file: &std::path::Path, dir: String) -> anyhow::Result<(String, ScriptOptions)> {
     let sql = std::fs::read_to_string(file)
@@ -449,12 +459,7 @@ async fn run(cli: Cli) -> anyhow::Result<std::process::ExitCode> {
                 full_refresh_all,
             };
             options.check().map_err(weir::Error::from)?;
-            let path = match spec {
-                Some(p) => p,
-                None => weir_pipeline::PipelineSpec::find(&std::env::current_dir()?)
-                    .map_err(weir::Error::from)?,
-            };
-            let spec = weir_pipeline::PipelineSpec::load(&path).map_err(weir::Error::from)?;
+            let spec = pipeline_spec(spec)?;
             let files = spec.library_files().map_err(weir::Error::from)?;
             let graph = match weir_pipeline::Graph::from_files(&files) {
                 Ok(g) => g,
@@ -516,12 +521,7 @@ async fn run(cli: Cli) -> anyhow::Result<std::process::ExitCode> {
         Command::Pipeline {
             command: PipelineCommand::Events { spec, json },
         } => {
-            let path = match spec {
-                Some(p) => p,
-                None => weir_pipeline::PipelineSpec::find(&std::env::current_dir()?)
-                    .map_err(weir::Error::from)?,
-            };
-            let spec = weir_pipeline::PipelineSpec::load(&path).map_err(weir::Error::from)?;
+            let spec = pipeline_spec(spec)?;
             let session = WeirSession::new();
             let storage = spec.storage.replace('\'', "''");
             let columns = if json {
@@ -551,12 +551,8 @@ async fn run(cli: Cli) -> anyhow::Result<std::process::ExitCode> {
         Command::Pipeline {
             command: PipelineCommand::DryRun { spec },
         } => {
-            let path = match spec {
-                Some(p) => p,
-                None => weir_pipeline::PipelineSpec::find(&std::env::current_dir()?)
-                    .map_err(weir::Error::from)?,
-            };
-            let spec = weir_pipeline::PipelineSpec::load(&path).map_err(weir::Error::from)?;
+            let spec = pipeline_spec(spec)?;
+            let path = spec.path.clone();
             let files = spec.library_files().map_err(weir::Error::from)?;
             println!(
                 "Pipeline '{}' ({}): {} SQL file(s), storage {}",

@@ -22,7 +22,7 @@ use weir_common::{Location, Options};
 use weir_engine::{Error, Trigger, ValidationReport, WeirSession};
 use weir_sources::MemoryStream;
 
-use crate::graph::{DatasetKind, FlowKind, Graph};
+use crate::graph::{FlowKind, Graph};
 use crate::run::Layout;
 
 /// What checking one flow found.
@@ -56,13 +56,7 @@ pub async fn check_flows(
     graph: &Graph,
 ) -> Result<Vec<FlowCheck>, Error> {
     // Existing tables first, so a flow reading one sees its real schema.
-    for d in graph.datasets.values() {
-        if d.kind != DatasetKind::TemporaryView {
-            let _ = session
-                .register_delta_table(&d.name, &layout.table(d), &Options::new())
-                .await;
-        }
-    }
+    crate::run::register_tables(session, layout, graph).await;
     let mut out = vec![];
     // Datasets a flow into which did not pass: what reads them is not checked.
     let mut failed: std::collections::BTreeSet<String> = Default::default();

@@ -346,13 +346,7 @@ async fn run_selected(
         reset_dataset(&layout, &graph.datasets[k]).await?;
     }
     // Tables earlier updates wrote are readable before this update's flows run.
-    for d in graph.datasets.values() {
-        if d.kind != DatasetKind::TemporaryView {
-            let _ = session
-                .register_delta_table(&d.name, &layout.table(d), &Options::new())
-                .await;
-        }
-    }
+    register_tables(&session, &layout, graph).await;
     let mut outcomes = vec![];
     let mut failed = false;
     for stage in graph.stages()? {
@@ -531,13 +525,7 @@ pub async fn reset_flows(
         selected.push(flow);
     }
     let session = session_for(spec)?;
-    for d in graph.datasets.values() {
-        if d.kind != DatasetKind::TemporaryView {
-            let _ = session
-                .register_delta_table(&d.name, &layout.table(d), &Options::new())
-                .await;
-        }
-    }
+    register_tables(&session, &layout, graph).await;
     register_views(&session, graph).await;
     let mut reports = vec![];
     for flow in selected {
@@ -570,6 +558,18 @@ pub async fn reset_flows(
         reports.push((flow.name.clone(), report));
     }
     Ok(reports)
+}
+
+/// Makes every stored dataset whose table exists readable by name (batch SQL and `STREAM
+/// name`): what earlier updates wrote, before this one's flows run.
+pub(crate) async fn register_tables(session: &WeirSession, layout: &Layout, graph: &Graph) {
+    for d in graph.datasets.values() {
+        if d.kind != DatasetKind::TemporaryView {
+            let _ = session
+                .register_delta_table(&d.name, &layout.table(d), &Options::new())
+                .await;
+        }
+    }
 }
 
 /// Registers every temporary view whose query plans now (the tables it reads exist): a view

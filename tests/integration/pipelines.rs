@@ -203,18 +203,26 @@ fn refresh_selections_update_only_the_named_datasets_and_a_full_refresh_recomput
     assert_eq!(support::contents(&project.join("store")), before);
 }
 
+const RAW: &str = "CREATE STREAMING TABLE raw AS \
+                   SELECT value FROM STREAM rate_micro_batch(rowsPerBatch => 4);\n";
+const FIRSTS_DEDUPED: &str = "CREATE STREAMING TABLE firsts AS SELECT DISTINCT ON (k) k, value \
+                              FROM (SELECT value % 3 AS k, value FROM STREAM raw);";
+
+/// Rewrites the project of [`RAW`] and [`FIRSTS_DEDUPED`] without the deduplication.
+fn remove_dedupe(project: &std::path::Path) {
+    std::fs::write(
+        project.join("transformations/all.sql"),
+        format!(
+            "{RAW}CREATE STREAMING TABLE firsts AS SELECT value % 3 AS k, value FROM STREAM raw;"
+        ),
+    )
+    .unwrap();
+}
+
 #[test]
 fn a_flow_whose_state_no_longer_fits_its_query_is_refused_before_anything_is_written() {
     let dir = tempfile::tempdir().unwrap();
-    let raw = "CREATE STREAMING TABLE raw AS \
-               SELECT value FROM STREAM rate_micro_batch(rowsPerBatch => 4);\n";
-    let project = project(
-        dir.path(),
-        &format!(
-            "{raw}CREATE STREAMING TABLE firsts AS \
-             SELECT DISTINCT ON (k) k, value FROM (SELECT value % 3 AS k, value FROM STREAM raw);"
-        ),
-    );
+    let project = project(dir.path(), &format!("{RAW}{FIRSTS_DEDUPED}"));
     let (ok, stderr) = update(&project);
     assert!(ok, "{stderr}");
     // One row per key (which row of a key a deduplication keeps is not defined, as in Spark).
@@ -224,14 +232,7 @@ fn a_flow_whose_state_no_longer_fits_its_query_is_refused_before_anything_is_wri
     );
 
     // The deduplication is removed: its state no longer fits the flow's query.
-    std::fs::write(
-        project.join("transformations/all.sql"),
-        format!(
-            "{raw}CREATE STREAMING TABLE firsts AS \
-             SELECT value % 3 AS k, value FROM STREAM raw;"
-        ),
-    )
-    .unwrap();
+    remove_dedupe(&project);
     // Tables and checkpoints, not the event log (which records the refused update).
     let data = || {
         let mut c = support::contents(&project.join("store"));
@@ -288,25 +289,10 @@ fn a_flow_whose_state_no_longer_fits_its_query_is_refused_before_anything_is_wri
 #[test]
 fn a_reset_checkpoint_lets_a_changed_flow_go_on_and_keeps_its_tables_rows() {
     let dir = tempfile::tempdir().unwrap();
-    let raw = "CREATE STREAMING TABLE raw AS \
-               SELECT value FROM STREAM rate_micro_batch(rowsPerBatch => 4);\n";
-    let project = project(
-        dir.path(),
-        &format!(
-            "{raw}CREATE STREAMING TABLE firsts AS \
-             SELECT DISTINCT ON (k) k, value FROM (SELECT value % 3 AS k, value FROM STREAM raw);"
-        ),
-    );
+    let project = project(dir.path(), &format!("{RAW}{FIRSTS_DEDUPED}"));
     let (ok, stderr) = update(&project);
     assert!(ok, "{stderr}");
-    std::fs::write(
-        project.join("transformations/all.sql"),
-        format!(
-            "{raw}CREATE STREAMING TABLE firsts AS \
-             SELECT value % 3 AS k, value FROM STREAM raw;"
-        ),
-    )
-    .unwrap();
+    remove_dedupe(&project);
     let (ok, stderr) = update(&project);
     assert!(!ok, "{stderr}");
 
