@@ -23,12 +23,23 @@ fn ext(e: weir_common::ClassifiedError) -> DataFusionError {
     DataFusionError::External(Box::new(e))
 }
 
-/// A Delta table, read at its latest version on every scan.
+/// A version of a Delta table to read (Delta's time travel: `VERSION AS OF`, `TIMESTAMP AS
+/// OF`).
+#[derive(Debug, Clone, PartialEq)]
+pub enum TableAt {
+    /// The table as commit `version` left it.
+    Version(i64),
+    /// The newest version committed at or before this time.
+    Timestamp(chrono::DateTime<chrono::Utc>),
+}
+
+/// A Delta table, read at its latest version on every scan (or at one pinned version).
 #[derive(Debug)]
 pub struct DeltaLatestTable {
     url: Url,
     storage: HashMap<String, String>,
     schema: SchemaRef,
+    at: Option<TableAt>,
 }
 
 impl DeltaLatestTable {
@@ -38,11 +49,30 @@ impl DeltaLatestTable {
             url,
             storage,
             schema,
+            at: None,
         }
     }
 
+    /// The same table read at `at` instead of its latest version.
+    pub fn at(mut self, at: TableAt) -> Self {
+        self.at = Some(at);
+        self
+    }
+
     async fn provider(&self, state: &dyn Session) -> Result<Arc<dyn TableProvider>> {
-        let table = delta::open(&self.url, &self.storage).await.map_err(ext)?;
+        let mut table = delta::open(&self.url, &self.storage).await.map_err(ext)?;
+        let doing = format!("read the Delta table at {} as of {:?}", self.url, self.at);
+        match &self.at {
+            None => {}
+            Some(TableAt::Version(v)) => table
+                .load_version(*v as _)
+                .await
+                .map_err(|e| ext(delta::error(e, &doing)))?,
+            Some(TableAt::Timestamp(t)) => table
+                .load_with_datetime(*t)
+                .await
+                .map_err(|e| ext(delta::error(e, &doing)))?,
+        }
         table.update_datafusion_session(state)?;
         table.table_provider().await
     }

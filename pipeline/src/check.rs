@@ -78,6 +78,12 @@ pub async fn check_flows(
                 out.push(check);
                 continue;
             }
+            if let Err(e) = crate::run::register_time_travel(session, layout, graph, flow).await {
+                check.error = Some(e);
+                failed.insert(flow.target.to_ascii_lowercase());
+                out.push(check);
+                continue;
+            }
             match session.plan_sql(&flow.query).await {
                 Err(e) => check.error = Some(e),
                 Ok(plan) => {

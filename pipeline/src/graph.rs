@@ -23,7 +23,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
 use weir_common::ClassifiedError;
-use weir_planner::pipeline::{PipelineStatement, dataset_reads, parse_pipeline_script};
+use weir_planner::pipeline::{PipelineStatement, TimeTravel, dataset_reads, parse_pipeline_script};
 use weir_planner::statement::{CreateStreamingTable, Statement};
 
 /// What kind of dataset a name is.
@@ -89,6 +89,8 @@ pub struct Flow {
     pub file: PathBuf,
     /// The pipeline's datasets it reads (through temporary views too), by key.
     pub reads: BTreeSet<String>,
+    /// The earlier table versions it reads (`VERSION AS OF`, `TIMESTAMP AS OF`).
+    pub time_travel: Vec<TimeTravel>,
 }
 
 /// The pipeline's datasets and flows, checked.
@@ -184,6 +186,7 @@ impl Graph {
                             query,
                             file: file.to_path_buf(),
                             reads: BTreeSet::new(),
+                            time_travel: vec![],
                         });
                         let table = Dataset {
                             name: t.name.clone(),
@@ -204,6 +207,7 @@ impl Graph {
                             query: mv.query.clone(),
                             file: file.to_path_buf(),
                             reads: BTreeSet::new(),
+                            time_travel: mv.time_travel,
                         };
                         let view = Dataset {
                             name: mv.name,
@@ -237,6 +241,7 @@ impl Graph {
                         query: f.query,
                         file: file.to_path_buf(),
                         reads: BTreeSet::new(),
+                        time_travel: f.time_travel,
                     }),
                     PipelineStatement::Other(other) => {
                         let what = match &other {

@@ -391,7 +391,7 @@ async fn run_selected(
         let runs = stage.iter().map(|&i| {
             let flow = &graph.flows[i];
             let dataset = &graph.datasets[&flow.target.to_ascii_lowercase()];
-            run_flow(&session, &layout, dataset, flow)
+            run_flow(&session, &layout, graph, dataset, flow)
         });
         let results = join_all(runs).await;
         for (&i, (result, progress)) in stage.iter().zip(results) {
@@ -572,6 +572,70 @@ pub(crate) async fn register_tables(session: &WeirSession, layout: &Layout, grap
     }
 }
 
+/// Registers the earlier table versions `flow` reads (a backfill's `t VERSION AS OF n`) under
+/// the names its query reads them by.
+pub(crate) async fn register_time_travel(
+    session: &WeirSession,
+    layout: &Layout,
+    graph: &Graph,
+    flow: &Flow,
+) -> Result<(), Error> {
+    use weir_engine::delta_table::TableAt;
+    use weir_planner::pipeline::AsOf;
+    for t in &flow.time_travel {
+        let Some(d) = graph
+            .datasets
+            .get(&t.table.to_ascii_lowercase())
+            .filter(|d| d.kind != DatasetKind::TemporaryView)
+        else {
+            return Err(Error::user(
+                "TABLE_OR_VIEW_NOT_FOUND",
+                "42P01",
+                format!(
+                    "Flow '{}' reads '{}' as of an earlier version, but it is not a streaming \
+                     table or materialized view of this pipeline: only the pipeline's own \
+                     tables keep their versions here.",
+                    flow.name, t.table
+                ),
+            ));
+        };
+        let at = match &t.as_of {
+            AsOf::Version(v) => TableAt::Version(*v),
+            AsOf::Timestamp(ts) => TableAt::Timestamp(parse_time(ts).ok_or_else(|| {
+                Error::user(
+                    "INVALID_TIMESTAMP_AS_OF",
+                    "22007",
+                    format!(
+                        "TIMESTAMP AS OF '{ts}' is not a time: write '2026-12-01 10:00:00' \
+                         (UTC), '2026-12-01', or RFC 3339 ('2026-12-01T10:00:00+01:00')."
+                    ),
+                )
+            })?),
+        };
+        session
+            .register_delta_table_at(&t.alias, &layout.table(d), &Options::new(), Some(at))
+            .await?;
+    }
+    Ok(())
+}
+
+/// A time as `TIMESTAMP AS OF` takes it: RFC 3339, or a date and time (UTC), or a date.
+fn parse_time(s: &str) -> Option<chrono::DateTime<chrono::Utc>> {
+    use chrono::{NaiveDate, NaiveDateTime, TimeZone, Utc};
+    if let Ok(t) = chrono::DateTime::parse_from_rfc3339(s) {
+        return Some(t.with_timezone(&Utc));
+    }
+    for format in ["%Y-%m-%d %H:%M:%S%.f", "%Y-%m-%dT%H:%M:%S%.f"] {
+        if let Ok(t) = NaiveDateTime::parse_from_str(s, format) {
+            return Some(Utc.from_utc_datetime(&t));
+        }
+    }
+    NaiveDate::parse_from_str(s, "%Y-%m-%d")
+        .ok()
+        .and_then(|d| d.and_hms_opt(0, 0, 0))
+        .map(|t| Utc.from_utc_datetime(&t))
+}
+
 /// Registers every temporary view whose query plans now (the tables it reads exist): a view
 /// over a table a later stage writes first is registered before that stage. A view that does
 /// not plan stays unregistered; a flow reading it fails with the view's name.
@@ -605,11 +669,12 @@ fn metrics(run: &FlowRun) -> serde_json::Value {
 async fn run_flow(
     session: &WeirSession,
     layout: &Layout,
+    graph: &Graph,
     dataset: &Dataset,
     flow: &Flow,
 ) -> (Result<FlowRun, Arc<Error>>, Vec<serde_json::Value>) {
     let mut progress = vec![];
-    let result = run_flow_inner(session, layout, dataset, flow, &mut progress)
+    let result = run_flow_inner(session, layout, graph, dataset, flow, &mut progress)
         .await
         .map_err(|e| match e {
             Failed::Query(e) => e,
@@ -634,6 +699,7 @@ impl<E: Into<Error>> From<E> for Failed {
 async fn run_flow_inner(
     session: &WeirSession,
     layout: &Layout,
+    graph: &Graph,
     dataset: &Dataset,
     flow: &Flow,
     progress_out: &mut Vec<serde_json::Value>,
@@ -685,6 +751,7 @@ async fn run_flow_inner(
                 .map_err(io)?;
             let id = dir.get("id").await.map_err(io)?.unwrap_or_default();
             let id = String::from_utf8_lossy(&id).trim().to_string();
+            register_time_travel(session, layout, graph, flow).await?;
             let plan = session.plan_sql(&flow.query).await?;
             if weir_planner::is_streaming(&plan) {
                 return Err(Failed::Other(Error::user(

@@ -40,6 +40,8 @@ pub struct CreateMaterializedView {
     pub partitioned_by: Vec<String>,
     /// The batch query it holds the result of.
     pub query: String,
+    /// The earlier table versions it reads.
+    pub time_travel: Vec<TimeTravel>,
 }
 
 /// `CREATE TEMPORARY VIEW`: a named query, not stored.
@@ -62,6 +64,102 @@ pub struct CreateFlow {
     pub once: bool,
     /// The rows it inserts.
     pub query: String,
+    /// The earlier table versions it reads (a once flow's backfill).
+    pub time_travel: Vec<TimeTravel>,
+}
+
+/// Where a table is read as of (Delta's time travel).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AsOf {
+    /// `VERSION AS OF n`.
+    Version(i64),
+    /// `TIMESTAMP AS OF 'time'`, as written.
+    Timestamp(String),
+}
+
+/// `table VERSION AS OF n` / `table TIMESTAMP AS OF 'time'` in a query, which reads `alias`
+/// instead: the pipeline registers the alias as that version of the table.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TimeTravel {
+    /// The name the query reads now.
+    pub alias: String,
+    /// The table as written.
+    pub table: String,
+    /// Which version.
+    pub as_of: AsOf,
+}
+
+/// Rewrites every `name VERSION AS OF n` and `name TIMESTAMP AS OF 'time'` in `tokens` to a
+/// name of its own, listed with the version it stands for.
+fn rewrite_time_travel(
+    tokens: Vec<Token>,
+) -> Result<(Vec<Token>, Vec<TimeTravel>), ClassifiedError> {
+    let sig: Vec<usize> = (0..tokens.len())
+        .filter(|&i| !matches!(tokens[i], Token::Whitespace(_)))
+        .collect();
+    let at = |k: usize| sig.get(k).map(|&i| &tokens[i]);
+    let word = |k: usize, w: &str| at(k).is_some_and(|t| is_word(t, w));
+    let mut edits = vec![];
+    let mut travels: Vec<TimeTravel> = vec![];
+    for k in 1..sig.len() {
+        let kind = if word(k, "version") {
+            "version"
+        } else if word(k, "timestamp") {
+            "timestamp"
+        } else {
+            continue;
+        };
+        if !(word(k + 1, "as") && word(k + 2, "of")) {
+            continue;
+        }
+        // The table name before: words joined by periods.
+        let mut first = k - 1;
+        if !matches!(at(first), Some(Token::Word(_))) {
+            continue;
+        }
+        while first >= 2
+            && at(first - 1) == Some(&Token::Period)
+            && matches!(at(first - 2), Some(Token::Word(_)))
+        {
+            first -= 2;
+        }
+        let table = text(&tokens[sig[first]..=sig[k - 1]]);
+        let as_of = match (kind, at(k + 3)) {
+            ("version", Some(Token::Number(n, _))) => AsOf::Version(n.parse().map_err(|_| {
+                syntax(format!(
+                    "VERSION AS OF needs a whole version number, not {n}."
+                ))
+            })?),
+            ("timestamp", Some(Token::SingleQuotedString(t))) => AsOf::Timestamp(t.clone()),
+            _ => {
+                return Err(syntax(format!(
+                    "{table} {} AS OF needs {}.",
+                    kind.to_ascii_uppercase(),
+                    if kind == "version" {
+                        "a version number: VERSION AS OF 3"
+                    } else {
+                        "a quoted time: TIMESTAMP AS OF '2026-12-01 00:00:00'"
+                    }
+                )));
+            }
+        };
+        let alias = format!(
+            "__weir_{}_as_of_{}",
+            table.replace('.', "_").to_ascii_lowercase(),
+            travels.len()
+        );
+        edits.push((sig[first], sig[k + 3], alias.clone()));
+        travels.push(TimeTravel {
+            alias,
+            table,
+            as_of,
+        });
+    }
+    let mut out = tokens;
+    for (start, end, alias) in edits.into_iter().rev() {
+        out.splice(start..=end, [Token::make_word(&alias, None)]);
+    }
+    Ok((out, travels))
 }
 
 /// One statement of a pipeline's SQL file.
@@ -89,6 +187,7 @@ pub fn parse_pipeline_script(script: &str) -> Result<Vec<PipelineStatement>, Cla
 
 fn parse_one(tokens: Vec<Token>) -> Result<PipelineStatement, ClassifiedError> {
     let tokens = rewrite_all(tokens)?;
+    let (tokens, time_travel) = rewrite_time_travel(tokens)?;
     let sig: Vec<usize> = (0..tokens.len())
         .filter(|&i| !matches!(tokens[i], Token::Whitespace(_)))
         .collect();
@@ -141,6 +240,7 @@ fn parse_one(tokens: Vec<Token>) -> Result<PipelineStatement, ClassifiedError> {
                 columns,
                 partitioned_by,
                 query,
+                time_travel,
             },
         ));
     }
@@ -194,7 +294,19 @@ fn parse_one(tokens: Vec<Token>) -> Result<PipelineStatement, ClassifiedError> {
             target,
             once,
             query,
+            time_travel,
         }));
+    }
+    if let Some(t) = time_travel.first() {
+        return Err(syntax(format!(
+            "{} {}: only a once flow or a materialized view reads a table as of an earlier \
+             version (a backfill); a streaming table's query reads the stream.",
+            t.table,
+            match &t.as_of {
+                AsOf::Version(v) => format!("VERSION AS OF {v}"),
+                AsOf::Timestamp(ts) => format!("TIMESTAMP AS OF '{ts}'"),
+            }
+        )));
     }
     Ok(match parse_tokens(tokens)? {
         Statement::CreateStreamingTable(t) => PipelineStatement::StreamingTable(t),
@@ -355,6 +467,47 @@ mod tests {
             one("SET spark.sql.shuffle.partitions = 4"),
             PipelineStatement::Other(_)
         ));
+    }
+
+    #[test]
+    fn a_backfill_reads_earlier_versions_under_names_of_their_own() {
+        let PipelineStatement::Flow(f) = one(
+            "CREATE FLOW backfill AS INSERT INTO ONCE customers BY NAME \
+             SELECT * FROM customers VERSION AS OF 3 \
+             UNION ALL SELECT * FROM sales.old TIMESTAMP AS OF '2026-12-01 10:00:00'",
+        ) else {
+            panic!("a once flow")
+        };
+        assert_eq!(
+            f.query,
+            "SELECT * FROM __weir_customers_as_of_0 \
+             UNION ALL SELECT * FROM __weir_sales_old_as_of_1"
+        );
+        assert_eq!(
+            f.time_travel,
+            [
+                TimeTravel {
+                    alias: "__weir_customers_as_of_0".into(),
+                    table: "customers".into(),
+                    as_of: AsOf::Version(3)
+                },
+                TimeTravel {
+                    alias: "__weir_sales_old_as_of_1".into(),
+                    table: "sales.old".into(),
+                    as_of: AsOf::Timestamp("2026-12-01 10:00:00".into())
+                },
+            ]
+        );
+        for sql in [
+            "CREATE FLOW f AS INSERT INTO ONCE t BY NAME SELECT * FROM t VERSION AS OF 'x'",
+            "CREATE STREAMING TABLE s AS SELECT * FROM t VERSION AS OF 2",
+        ] {
+            assert_eq!(
+                parse_pipeline_script(sql).unwrap_err().class,
+                "PARSE_SYNTAX_ERROR",
+                "{sql}"
+            );
+        }
     }
 
     #[test]

@@ -440,3 +440,59 @@ fn an_update_killed_inside_a_flow_loses_and_doubles_nothing_when_run_again() {
         );
     }
 }
+
+#[test]
+fn a_once_flow_backfills_a_fully_refreshed_table_from_a_version_kept_before_the_refresh() {
+    let dir = tempfile::tempdir().unwrap();
+    let project = project(
+        dir.path(),
+        &format!("{RAW}CREATE STREAMING TABLE events AS SELECT value FROM STREAM raw;"),
+    );
+    for _ in 0..2 {
+        let (ok, stderr) = update(&project);
+        assert!(ok, "{stderr}");
+    }
+    let events = || {
+        rows(
+            &project,
+            &["events"],
+            "SELECT value FROM events ORDER BY value",
+        )
+    };
+    let all: Vec<String> = (0..8).map(|v| v.to_string()).collect();
+    assert_eq!(events(), all);
+
+    // The table's query changes to keep only new values and the table is fully refreshed: the
+    // refresh empties it, and a once flow puts back what version 2 (before the refresh) held.
+    std::fs::write(
+        project.join("transformations/all.sql"),
+        format!(
+            "{RAW}CREATE STREAMING TABLE events AS SELECT value FROM STREAM raw WHERE value >= 100;\n\
+             CREATE FLOW backfill AS INSERT INTO ONCE events BY NAME \
+             SELECT value FROM events VERSION AS OF 2;"
+        ),
+    )
+    .unwrap();
+    let (ok, stderr) = update_with(&project, &["--full-refresh", "events"]);
+    assert!(ok, "{stderr}");
+    assert!(
+        stderr.contains("backfill → events: 8 row(s) written"),
+        "{stderr}"
+    );
+    assert_eq!(events(), all);
+
+    // A version the table does not have stops the update before anything is written.
+    std::fs::write(
+        project.join("transformations/all.sql"),
+        format!(
+            "{RAW}CREATE STREAMING TABLE events AS SELECT value FROM STREAM raw WHERE value >= 100;\n\
+             CREATE FLOW backfill AS INSERT INTO ONCE events BY NAME \
+             SELECT value FROM events VERSION AS OF 99;"
+        ),
+    )
+    .unwrap();
+    let (ok, stderr) = update_with(&project, &["--full-refresh", "events"]);
+    assert!(!ok);
+    assert!(stderr.contains("DELTA_VERSION_NOT_FOUND"), "{stderr}");
+    assert_eq!(events(), all, "nothing was written");
+}

@@ -263,14 +263,50 @@ impl WeirSession {
         path: &str,
         options: &weir_common::Options,
     ) -> Result<()> {
+        self.register_delta_table_at(name, path, options, None)
+            .await
+    }
+
+    /// [`WeirSession::register_delta_table`], read at `at` (Delta's time travel) when given;
+    /// a pinned version is not streamed.
+    #[cfg(feature = "delta")]
+    pub async fn register_delta_table_at(
+        &self,
+        name: &str,
+        path: &str,
+        options: &weir_common::Options,
+        at: Option<crate::delta_table::TableAt>,
+    ) -> Result<()> {
         let (storage, _) = weir_common::delta::storage_options(options);
         let url = weir_common::delta::table_url(path, false)?;
-        let table = weir_common::delta::open(&url, &storage).await?;
+        let mut table = weir_common::delta::open(&url, &storage).await?;
         if table.version().is_none() {
             return Err(Error::user(
                 "DELTA_MISSING_DELTA_TABLE",
                 "42P01",
                 format!("There is no Delta table at {url} to read as '{name}'."),
+            ));
+        }
+        // A pinned version is loaded now: one the table does not have is refused here, and
+        // the rows have that version's schema.
+        let pinned = match &at {
+            None => Ok(()),
+            Some(crate::delta_table::TableAt::Version(v)) => table.load_version(*v as _).await,
+            Some(crate::delta_table::TableAt::Timestamp(t)) => table.load_with_datetime(*t).await,
+        };
+        if let Err(e) = pinned {
+            return Err(Error::user(
+                "DELTA_VERSION_NOT_FOUND",
+                "22003",
+                format!(
+                    "The Delta table '{name}' at {url} cannot be read as of {}: {e}. Its \
+                     _delta_log folder lists the versions it keeps.",
+                    match &at {
+                        Some(crate::delta_table::TableAt::Version(v)) => format!("version {v}"),
+                        Some(crate::delta_table::TableAt::Timestamp(t)) => format!("{t}"),
+                        None => String::new(),
+                    }
+                ),
             ));
         }
         let schema = table
@@ -279,15 +315,16 @@ impl WeirSession {
             .snapshot()
             .arrow_schema();
         let ctx = &self.inner.ctx;
+        let mut table =
+            crate::delta_table::DeltaLatestTable::new(url.clone(), storage.clone(), schema);
+        if let Some(at) = at {
+            table = table.at(at);
+            let _ = ctx.deregister_table(name);
+            ctx.register_table(name, Arc::new(table))?;
+            return Ok(());
+        }
         let _ = ctx.deregister_table(name);
-        ctx.register_table(
-            name,
-            Arc::new(crate::delta_table::DeltaLatestTable::new(
-                url.clone(),
-                storage.clone(),
-                schema,
-            )),
-        )?;
+        ctx.register_table(name, Arc::new(table))?;
         let mut source_options = weir_common::Options::new().with("path", url.as_str());
         for (k, v) in &storage {
             source_options.set(k.clone(), v.clone());
