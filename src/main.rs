@@ -147,6 +147,13 @@ enum PipelineCommand {
         /// off or from the starting option its query gives; the tables and other flows stay.
         #[arg(long, value_delimiter = ',')]
         reset_checkpoint: Vec<String>,
+        /// Keep running after the first pass: streaming flows with a processing-time trigger,
+        /// materialized views recomputed at each interval, until Ctrl-C.
+        #[arg(long)]
+        continuous: bool,
+        /// The interval of a continuous update (e.g. "5 seconds").
+        #[arg(long, default_value = "1 second", requires = "continuous")]
+        trigger_interval: String,
     },
     /// The pipeline's event log: every update's events (update created, its state, each
     /// flow's status and per-batch progress), oldest first.
@@ -445,6 +452,8 @@ async fn run(cli: Cli) -> anyhow::Result<std::process::ExitCode> {
                     full_refresh,
                     full_refresh_all,
                     reset_checkpoint,
+                    continuous,
+                    trigger_interval,
                 },
         } => {
             let trim = |v: Vec<String>| -> Vec<String> {
@@ -457,6 +466,27 @@ async fn run(cli: Cli) -> anyhow::Result<std::process::ExitCode> {
                 refresh: trim(refresh),
                 full_refresh: trim(full_refresh),
                 full_refresh_all,
+                continuous: if continuous {
+                    let interval = weir_common::parse_duration(
+                        &trigger_interval,
+                        std::time::Duration::from_millis(1),
+                    )
+                    .ok()
+                    .filter(|d| !d.is_zero())
+                    .ok_or_else(|| {
+                        weir::Error::user(
+                            "INVALID_TRIGGER_INTERVAL",
+                            "42K06",
+                            format!(
+                                "--trigger-interval '{trigger_interval}' is not a duration: \
+                                 write e.g. '500 milliseconds' or '5 seconds'."
+                            ),
+                        )
+                    })?;
+                    Some(interval)
+                } else {
+                    None
+                },
             };
             options.check().map_err(weir::Error::from)?;
             let spec = pipeline_spec(spec)?;
@@ -489,7 +519,10 @@ async fn run(cli: Cli) -> anyhow::Result<std::process::ExitCode> {
                     eprintln!("Checkpoint of flow '{flow}' reset:\n{}", report.table());
                 }
             }
-            let outcomes = weir_pipeline::run_update(&spec, &graph, &options).await?;
+            let stop = async {
+                let _ = tokio::signal::ctrl_c().await;
+            };
+            let outcomes = weir_pipeline::run_update_until(&spec, &graph, &options, stop).await?;
             let mut failed = 0;
             for o in &outcomes {
                 let what = match &o.result {
@@ -501,6 +534,9 @@ async fn run(cli: Cli) -> anyhow::Result<std::process::ExitCode> {
                         "once flow, done in an earlier update".into()
                     }
                     Ok(weir_pipeline::FlowRun::NotRun) => "not run: another flow failed".into(),
+                    Ok(weir_pipeline::FlowRun::Continuous { batches, rows }) => {
+                        format!("ran continuously: {batches} batch(es), {rows} row(s) read")
+                    }
                     Ok(weir_pipeline::FlowRun::NotSelected) => {
                         "not selected by --refresh / --full-refresh".into()
                     }
@@ -515,7 +551,14 @@ async fn run(cli: Cli) -> anyhow::Result<std::process::ExitCode> {
                 eprintln!("The update failed: {failed} flow(s) failed.");
                 return Ok(ExitCode::FAILURE);
             }
-            eprintln!("The update completed.");
+            eprintln!(
+                "{}",
+                if options.continuous.is_some() {
+                    "The update was stopped."
+                } else {
+                    "The update completed."
+                }
+            );
             Ok(ExitCode::SUCCESS)
         }
         Command::Pipeline {

@@ -23,5 +23,8 @@ pub mod spec;
 pub use check::{FlowCheck, check_flows};
 pub use graph::{Dataset, DatasetKind, Flow, FlowKind, Graph};
 pub use init::init_project;
-pub use run::{FlowOutcome, FlowRun, Layout, UpdateOptions, reset_flows, run_update, session_for};
+pub use run::{
+    FlowOutcome, FlowRun, Layout, UpdateOptions, reset_flows, run_update, run_update_until,
+    session_for,
+};
 pub use spec::PipelineSpec;

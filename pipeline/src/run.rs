@@ -70,6 +70,13 @@ pub enum FlowRun {
     NotRun,
     /// Not run: the update refreshes other datasets only.
     NotSelected,
+    /// A streaming flow that ran continuously until the update stopped.
+    Continuous {
+        /// Micro-batches with rows.
+        batches: u64,
+        /// Input rows read.
+        rows: u64,
+    },
 }
 
 /// What an update refreshes (`spark-pipelines run`'s selection flags).
@@ -83,6 +90,10 @@ pub struct UpdateOptions {
     pub full_refresh: Vec<String>,
     /// `--full-refresh-all`: every dataset fully refreshed.
     pub full_refresh_all: bool,
+    /// `--continuous`: after the update's first pass, the streaming flows keep running with
+    /// this processing-time trigger interval and the materialized views are recomputed at
+    /// each interval, until the update is stopped.
+    pub continuous: Option<std::time::Duration>,
 }
 
 impl UpdateOptions {
@@ -242,6 +253,17 @@ pub async fn run_update(
     graph: &Graph,
     options: &UpdateOptions,
 ) -> Result<Vec<FlowOutcome>, Error> {
+    run_update_until(spec, graph, options, std::future::pending()).await
+}
+
+/// [`run_update`]; a continuous update runs until `stop` completes (the CLI: Ctrl-C), then
+/// stops its flows, and its events say CANCELED.
+pub async fn run_update_until(
+    spec: &PipelineSpec,
+    graph: &Graph,
+    options: &UpdateOptions,
+    stop: impl std::future::Future<Output = ()>,
+) -> Result<Vec<FlowOutcome>, Error> {
     options.check()?;
     let (update, reset) = options.select(graph)?;
     let mut events = UpdateEvents::new(&spec.name, &spec.storage);
@@ -258,8 +280,24 @@ pub async fn run_update(
             "full_refresh_all": options.full_refresh_all,
         }}),
     );
-    let result = run_selected(spec, graph, &update, &reset, &mut events).await;
+    let mut result = run_selected(spec, graph, &update, &reset, &mut events).await;
+    let mut canceled = false;
+    if let (Some(interval), Ok(outcomes)) = (options.continuous, &mut result)
+        && outcomes.iter().all(|o| o.result.is_ok())
+    {
+        match run_continuously(spec, graph, &update, interval, &mut events, stop).await {
+            Ok((more, stopped)) => {
+                outcomes.extend(more);
+                canceled = stopped;
+            }
+            Err(e) => result = Err(e),
+        }
+    }
     let (state, level_message) = match &result {
+        Ok(outcomes) if canceled && outcomes.iter().all(|o| o.result.is_ok()) => (
+            "CANCELED",
+            "Update is CANCELED: it was stopped.".to_string(),
+        ),
         Ok(outcomes) if outcomes.iter().all(|o| o.result.is_ok()) => {
             ("COMPLETED", "Update has COMPLETED.".to_string())
         }
@@ -653,10 +691,138 @@ pub(crate) async fn register_views(session: &WeirSession, graph: &Graph) {
     }
 }
 
+/// The continuous part of an update: every selected streaming flow runs with a processing-time
+/// trigger of `interval`, the materialized views are recomputed (in dependency order) at each
+/// interval, until `stop` completes (returns true) or a flow fails (false, with its outcome).
+async fn run_continuously(
+    spec: &PipelineSpec,
+    graph: &Graph,
+    update: &BTreeSet<String>,
+    interval: std::time::Duration,
+    events: &mut UpdateEvents,
+    stop: impl std::future::Future<Output = ()>,
+) -> Result<(Vec<FlowOutcome>, bool), Error> {
+    let session = session_for(spec)?;
+    let layout = Layout::new(&spec.storage);
+    register_tables(&session, &layout, graph).await;
+    register_views(&session, graph).await;
+    let selected = |f: &&Flow| update.contains(&f.target.to_ascii_lowercase());
+    let mut queries = vec![];
+    for flow in graph
+        .flows
+        .iter()
+        .filter(|f| f.kind == FlowKind::Append)
+        .filter(selected)
+    {
+        let dataset = &graph.datasets[&flow.target.to_ascii_lowercase()];
+        let plan = session.plan_sql(&flow.query).await?;
+        let df = DataFrame::new(session.context().state(), plan);
+        let mut writer = session
+            .write_stream(df)
+            .format("delta")
+            .option("path", layout.table(dataset))
+            .checkpoint_location(layout.checkpoint(&dataset.name, &flow.name))
+            .trigger(Trigger::ProcessingTime(interval));
+        if let Some(t) = &dataset.table
+            && !t.partitioned_by.is_empty()
+        {
+            writer = writer.option("partitionBy", t.partitioned_by.join(","));
+        }
+        queries.push((flow, writer.start().await?));
+        events.flow(
+            &flow.name,
+            "RUNNING",
+            format!("Flow '{}' is RUNNING continuously.", flow.name),
+            json!({}),
+        );
+    }
+    let mut views = vec![];
+    for stage in graph.stages()? {
+        views.extend(
+            stage
+                .into_iter()
+                .map(|i| &graph.flows[i])
+                .filter(|f| f.kind == FlowKind::Complete)
+                .filter(selected),
+        );
+    }
+    let mut outcomes = vec![];
+    let mut stopped = false;
+    tokio::pin!(stop);
+    let mut ticks = tokio::time::interval(interval);
+    'run: loop {
+        tokio::select! {
+            () = &mut stop => {
+                stopped = true;
+                break 'run;
+            }
+            _ = ticks.tick() => {
+                for (flow, q) in &queries {
+                    if let Some(e) = q.exception() {
+                        events.flow_failed(&flow.name, &e.cause);
+                        outcomes.push(FlowOutcome {
+                            flow: flow.name.clone(),
+                            target: flow.target.clone(),
+                            result: Err(e.cause),
+                        });
+                        break 'run;
+                    }
+                }
+                for flow in &views {
+                    let dataset = &graph.datasets[&flow.target.to_ascii_lowercase()];
+                    let (result, _) = run_flow(&session, &layout, graph, dataset, flow).await;
+                    if let Err(e) = result {
+                        events.flow_failed(&flow.name, &e);
+                        outcomes.push(FlowOutcome {
+                            flow: flow.name.clone(),
+                            target: flow.target.clone(),
+                            result: Err(e),
+                        });
+                        break 'run;
+                    }
+                }
+            }
+        }
+    }
+    for (flow, q) in &queries {
+        q.stop().await;
+        let progress = q.recent_progress();
+        let ran: Vec<_> = progress.iter().filter(|p| p.num_input_rows > 0).collect();
+        for p in &ran {
+            if let Ok(v) = serde_json::to_value(p) {
+                events.flow(
+                    &flow.name,
+                    "RUNNING",
+                    format!("Flow '{}' ran a micro-batch.", flow.name),
+                    json!({ "progress": v }),
+                );
+            }
+        }
+        let run = FlowRun::Continuous {
+            batches: ran.len() as u64,
+            rows: ran.iter().map(|p| p.num_input_rows).sum(),
+        };
+        events.flow(
+            &flow.name,
+            "STOPPED",
+            format!("Flow '{}' is STOPPED.", flow.name),
+            json!({ "metrics": metrics(&run) }),
+        );
+        if !outcomes.iter().any(|o: &FlowOutcome| o.flow == flow.name) {
+            outcomes.push(FlowOutcome {
+                flow: flow.name.clone(),
+                target: flow.target.clone(),
+                result: Ok(run),
+            });
+        }
+    }
+    Ok((outcomes, stopped))
+}
+
 /// A flow's figures for its `COMPLETED` event.
 fn metrics(run: &FlowRun) -> serde_json::Value {
     match run {
-        FlowRun::Streamed { batches, rows } => {
+        FlowRun::Streamed { batches, rows } | FlowRun::Continuous { batches, rows } => {
             json!({ "num_batches": batches, "num_input_rows": rows })
         }
         FlowRun::Wrote { rows } => json!({ "num_output_rows": rows }),

@@ -496,3 +496,95 @@ fn a_once_flow_backfills_a_fully_refreshed_table_from_a_version_kept_before_the_
     assert!(stderr.contains("DELTA_VERSION_NOT_FOUND"), "{stderr}");
     assert_eq!(events(), all, "nothing was written");
 }
+
+#[test]
+fn a_continuous_update_keeps_its_flows_running_until_stopped_and_records_it_canceled() {
+    let dir = tempfile::tempdir().unwrap();
+    let project = project(
+        dir.path(),
+        &format!(
+            "{RAW}CREATE STREAMING TABLE evens AS SELECT value FROM STREAM raw WHERE value % 2 = 0;\n\
+             CREATE MATERIALIZED VIEW total AS SELECT count(*) AS n FROM evens;"
+        ),
+    );
+    let mut child = support::weir_command()
+        .args([
+            "pipeline",
+            "run",
+            "--continuous",
+            "--trigger-interval",
+            "200 milliseconds",
+        ])
+        .current_dir(&project)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let count = |table: &str| -> i64 {
+        let path = project.join("store/tables").join(table);
+        if !path.join("_delta_log").is_dir() {
+            return 0;
+        }
+        rows(&project, &[table], &format!("SELECT count(*) FROM {table}"))[0]
+            .parse()
+            .unwrap()
+    };
+    let started = std::time::Instant::now();
+    // Batches keep coming after the first pass (which reads one), and the view follows.
+    while count("raw") < 16 || count("evens") < 8 {
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(60),
+            "the flows did not keep running"
+        );
+        assert!(
+            child.try_wait().unwrap().is_none(),
+            "the update ended by itself"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    let status = std::process::Command::new("kill")
+        .args(["-INT", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let out = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("The update was stopped.")
+            && stderr.contains("raw → raw: ran continuously"),
+        "{stderr}"
+    );
+    // Every even value the table holds once; the view counted a state of it.
+    let evens: Vec<i64> = rows(
+        &project,
+        &["evens"],
+        "SELECT value FROM evens ORDER BY value",
+    )
+    .iter()
+    .map(|v| v.parse().unwrap())
+    .collect();
+    assert_eq!(
+        evens,
+        (0..evens.len() as i64).map(|i| 2 * i).collect::<Vec<_>>()
+    );
+    let total: i64 = rows(&project, &["total"], "SELECT n FROM total")[0]
+        .parse()
+        .unwrap();
+    assert!(total >= 4 && total <= evens.len() as i64, "{total}");
+    let storage = project.join("store").display().to_string();
+    let states = tokio::runtime::Runtime::new().unwrap().block_on(async {
+        support::text_rows(
+            &weir::WeirSession::new(),
+            &format!(
+                "SELECT message FROM event_log('{storage}') \
+                 WHERE event_type = 'update_progress' ORDER BY sequence"
+            ),
+        )
+        .await
+    });
+    assert_eq!(
+        states,
+        ["Update is RUNNING.", "Update is CANCELED: it was stopped."]
+    );
+}
