@@ -243,6 +243,19 @@ impl Graph {
                         reads: BTreeSet::new(),
                         time_travel: f.time_travel,
                     }),
+                    PipelineStatement::AutoCdcFlow(f) => errors.push(in_file(
+                        file,
+                        ClassifiedError::new(
+                            "UNSUPPORTED_FEATURE.AUTO_CDC",
+                            "0A000",
+                            format!(
+                                "Flow '{}' is an AUTO CDC flow into '{}': this weir reads the \
+                                 statement but does not run AUTO CDC flows yet. Keep the table \
+                                 up to date with append flows for now.",
+                                f.name, f.target
+                            ),
+                        ),
+                    )),
                     PipelineStatement::Other(other) => {
                         let what = match &other {
                             Statement::Insert { table, .. } => format!("INSERT INTO {table}"),
@@ -571,6 +584,22 @@ mod tests {
         assert_eq!(totals.kind, FlowKind::Complete);
         let backfill = g.flows.iter().find(|f| f.name == "backfill").unwrap();
         assert_eq!(backfill.kind, FlowKind::Once);
+    }
+
+    #[test]
+    fn an_auto_cdc_flow_is_refused_by_name_until_weir_runs_them() {
+        assert_eq!(
+            classes(&[(
+                "cdc.sql",
+                "CREATE STREAMING TABLE customers;
+                 CREATE FLOW changes AS AUTO CDC INTO customers FROM STREAM cdc KEYS (id)
+                 SEQUENCE BY seq;"
+            )]),
+            [
+                "UNSUPPORTED_FEATURE.AUTO_CDC",
+                "PIPELINE_DATASET_WITHOUT_FLOW"
+            ]
+        );
     }
 
     #[test]

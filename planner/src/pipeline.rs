@@ -162,6 +162,233 @@ fn rewrite_time_travel(
     Ok((out, travels))
 }
 
+/// Which columns an AUTO CDC clause names: `COLUMNS`, `TRACK HISTORY ON`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ColumnSelection {
+    /// Every column (the clause was left out, or `*`).
+    All,
+    /// Only these.
+    Only(Vec<String>),
+    /// Every column but these (`* EXCEPT (...)`).
+    AllExcept(Vec<String>),
+}
+
+/// `CREATE FLOW f AS AUTO CDC [ONCE] INTO t FROM source KEYS (...) ... SEQUENCE BY col ...`
+/// (Databricks' form; the rules it follows are in `../shared/reference/auto-cdc.md`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CreateAutoCdcFlow {
+    /// The flow's name.
+    pub name: String,
+    /// The streaming table it keeps up to date.
+    pub target: String,
+    /// A once flow (an initial snapshot): one batch, the first time.
+    pub once: bool,
+    /// The relation the changes come from, as written after FROM (`STREAM(src)` for a
+    /// stream).
+    pub source: String,
+    /// The key columns.
+    pub keys: Vec<String>,
+    /// `IGNORE NULL UPDATES`.
+    pub ignore_null_updates: bool,
+    /// `APPLY AS DELETE WHEN condition`.
+    pub delete_when: Option<String>,
+    /// `APPLY AS TRUNCATE WHEN condition` (SCD type 1 only).
+    pub truncate_when: Option<String>,
+    /// `SEQUENCE BY expression`: the order of the changes.
+    pub sequence_by: String,
+    /// `COLUMNS ...`: the target's columns.
+    pub columns: ColumnSelection,
+    /// `STORED AS SCD TYPE 1 | 2` (1 when left out).
+    pub scd_type: u8,
+    /// `TRACK HISTORY ON ...` (SCD type 2): the columns whose change opens a new version.
+    pub track_history: ColumnSelection,
+}
+
+const AUTO_CDC_CLAUSES: [&str; 7] = [
+    "keys", "ignore", "apply", "sequence", "columns", "stored", "track",
+];
+
+fn invalid_auto_cdc(message: String) -> ClassifiedError {
+    ClassifiedError::new("INVALID_AUTO_CDC_FLOW", "42K06", message)
+}
+
+/// Parses the part of `CREATE FLOW name AS AUTO CDC` from significant token `k` (just after
+/// `CDC`) on.
+fn parse_auto_cdc(
+    tokens: &[Token],
+    sig: &[usize],
+    mut k: usize,
+    name: String,
+) -> Result<CreateAutoCdcFlow, ClassifiedError> {
+    let at = |k: usize| sig.get(k).map(|&i| &tokens[i]);
+    let word = |k: usize, w: &str| at(k).is_some_and(|t| is_word(t, w));
+    let form = |what: &str| {
+        syntax(format!(
+            "CREATE FLOW {name} AS AUTO CDC: {what}. The form is AUTO CDC [ONCE] INTO table FROM \
+             source KEYS (k, ...) [IGNORE NULL UPDATES] [APPLY AS DELETE WHEN cond] [APPLY AS \
+             TRUNCATE WHEN cond] SEQUENCE BY col [COLUMNS (a, b) | COLUMNS * EXCEPT (a, b)] \
+             [STORED AS SCD TYPE 1 | 2] [TRACK HISTORY ON (a, b) | TRACK HISTORY ON * EXCEPT \
+             (a, b)]"
+        ))
+    };
+    let once = word(k, "once");
+    if once {
+        k += 1;
+    }
+    if !word(k, "into") {
+        return Err(form("INTO table is missing"));
+    }
+    let (target, next) = object_name(tokens, sig, k + 1)?;
+    k = next;
+    if !word(k, "from") {
+        return Err(form("FROM source is missing"));
+    }
+    k += 1;
+    // Where the clause at `k` ends: the next clause keyword outside parentheses.
+    let clause_end = |mut k: usize| -> usize {
+        let mut depth = 0i32;
+        while let Some(t) = at(k) {
+            match t {
+                Token::LParen => depth += 1,
+                Token::RParen => depth -= 1,
+                Token::Word(_) if depth == 0 && AUTO_CDC_CLAUSES.iter().any(|c| is_word(t, c)) => {
+                    return k;
+                }
+                _ => {}
+            }
+            k += 1;
+        }
+        k
+    };
+    let span = |from: usize, to: usize| -> String {
+        if from >= to {
+            return String::new();
+        }
+        text(&tokens[sig[from]..=sig[to - 1]])
+    };
+    let end = clause_end(k);
+    let source = span(k, end);
+    if source.is_empty() {
+        return Err(form("FROM names no source"));
+    }
+    k = end;
+    let list = |k: usize| -> Result<(Vec<String>, usize), ClassifiedError> {
+        let (inner, next) = parenthesized(tokens, sig, k)?;
+        let names: Vec<String> = inner
+            .split(',')
+            .map(|c| c.trim().to_string())
+            .filter(|c| !c.is_empty())
+            .collect();
+        Ok((names, next))
+    };
+    let selection = |k: usize| -> Result<(ColumnSelection, usize), ClassifiedError> {
+        if at(k) == Some(&Token::Mul) {
+            if word(k + 1, "except") {
+                let (names, next) = list(k + 2)?;
+                return Ok((ColumnSelection::AllExcept(names), next));
+            }
+            return Ok((ColumnSelection::All, k + 1));
+        }
+        let (names, next) = list(k)?;
+        Ok((ColumnSelection::Only(names), next))
+    };
+    let mut keys = None;
+    let mut ignore_null_updates = false;
+    let mut delete_when = None;
+    let mut truncate_when = None;
+    let mut sequence_by = None;
+    let mut columns = ColumnSelection::All;
+    let mut scd_type = 1;
+    let mut track_history = None;
+    while at(k).is_some() {
+        if word(k, "keys") {
+            let (names, next) = list(k + 1)?;
+            if names.is_empty() {
+                return Err(form("KEYS names no column"));
+            }
+            keys = Some(names);
+            k = next;
+        } else if word(k, "ignore") && word(k + 1, "null") && word(k + 2, "updates") {
+            ignore_null_updates = true;
+            k += 3;
+        } else if word(k, "apply") && word(k + 1, "as") && word(k + 3, "when") {
+            let end = clause_end(k + 4);
+            let condition = span(k + 4, end);
+            if condition.is_empty() {
+                return Err(form("APPLY AS ... WHEN needs a condition"));
+            }
+            if word(k + 2, "delete") {
+                delete_when = Some(condition);
+            } else if word(k + 2, "truncate") {
+                truncate_when = Some(condition);
+            } else {
+                return Err(form("APPLY AS takes DELETE or TRUNCATE"));
+            }
+            k = end;
+        } else if word(k, "sequence") && word(k + 1, "by") {
+            let end = clause_end(k + 2);
+            let by = span(k + 2, end);
+            if by.is_empty() {
+                return Err(form("SEQUENCE BY needs a column"));
+            }
+            sequence_by = Some(by);
+            k = end;
+        } else if word(k, "columns") {
+            let (s, next) = selection(k + 1)?;
+            columns = s;
+            k = next;
+        } else if word(k, "stored")
+            && word(k + 1, "as")
+            && word(k + 2, "scd")
+            && word(k + 3, "type")
+        {
+            scd_type = match at(k + 4) {
+                Some(Token::Number(n, _)) if n == "1" => 1,
+                Some(Token::Number(n, _)) if n == "2" => 2,
+                _ => return Err(form("STORED AS SCD TYPE takes 1 or 2")),
+            };
+            k += 5;
+        } else if word(k, "track") && word(k + 1, "history") && word(k + 2, "on") {
+            let (s, next) = selection(k + 3)?;
+            track_history = Some(s);
+            k = next;
+        } else {
+            return Err(form(&format!(
+                "unexpected '{}'",
+                at(k).map(ToString::to_string).unwrap_or_default()
+            )));
+        }
+    }
+    let keys = keys.ok_or_else(|| form("KEYS (...) is missing"))?;
+    let sequence_by = sequence_by.ok_or_else(|| form("SEQUENCE BY is missing"))?;
+    if scd_type == 2 && truncate_when.is_some() {
+        return Err(invalid_auto_cdc(format!(
+            "Flow '{name}': APPLY AS TRUNCATE is supported only for SCD type 1; an SCD type 2 \
+             table keeps its history. Remove the clause or store the table as SCD TYPE 1."
+        )));
+    }
+    if scd_type == 1 && track_history.is_some() {
+        return Err(invalid_auto_cdc(format!(
+            "Flow '{name}': TRACK HISTORY ON applies to SCD type 2 (an SCD type 1 table keeps \
+             no history). Add STORED AS SCD TYPE 2 or remove the clause."
+        )));
+    }
+    Ok(CreateAutoCdcFlow {
+        name,
+        target,
+        once,
+        source,
+        keys,
+        ignore_null_updates,
+        delete_when,
+        truncate_when,
+        sequence_by,
+        columns,
+        scd_type,
+        track_history: track_history.unwrap_or(ColumnSelection::All),
+    })
+}
+
 /// One statement of a pipeline's SQL file.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum PipelineStatement {
@@ -173,6 +400,8 @@ pub enum PipelineStatement {
     TemporaryView(CreateTemporaryView),
     /// `CREATE FLOW`.
     Flow(CreateFlow),
+    /// `CREATE FLOW ... AS AUTO CDC`.
+    AutoCdcFlow(CreateAutoCdcFlow),
     /// Anything else.
     Other(Statement),
 }
@@ -269,6 +498,14 @@ fn parse_one(tokens: Vec<Token>) -> Result<PipelineStatement, ClassifiedError> {
                  query."
             ))
         };
+        if word(k, "as") && word(k + 1, "auto") && word(k + 2, "cdc") {
+            return Ok(PipelineStatement::AutoCdcFlow(parse_auto_cdc(
+                &tokens,
+                &sig,
+                k + 3,
+                name,
+            )?));
+        }
         if !(word(k, "as") && word(k + 1, "insert") && word(k + 2, "into")) {
             return Err(form());
         }
@@ -505,6 +742,87 @@ mod tests {
             assert_eq!(
                 parse_pipeline_script(sql).unwrap_err().class,
                 "PARSE_SYNTAX_ERROR",
+                "{sql}"
+            );
+        }
+    }
+
+    #[test]
+    fn an_auto_cdc_flow_is_read_clause_by_clause() {
+        let PipelineStatement::AutoCdcFlow(f) = one(
+            "CREATE FLOW customers_incremental_flow AS AUTO CDC INTO customers \
+             FROM STREAM customers_cdc_clean KEYS (customer_id) \
+             APPLY AS DELETE WHEN operation = 'DELETE' \
+             APPLY AS TRUNCATE WHEN operation = 'TRUNCATE' \
+             SEQUENCE BY sequenceNum COLUMNS * EXCEPT (operation, sequenceNum) \
+             STORED AS SCD TYPE 1",
+        ) else {
+            panic!("an AUTO CDC flow")
+        };
+        assert_eq!(
+            f,
+            CreateAutoCdcFlow {
+                name: "customers_incremental_flow".into(),
+                target: "customers".into(),
+                once: false,
+                source: "STREAM(customers_cdc_clean)".into(),
+                keys: vec!["customer_id".into()],
+                ignore_null_updates: false,
+                delete_when: Some("operation = 'DELETE'".into()),
+                truncate_when: Some("operation = 'TRUNCATE'".into()),
+                sequence_by: "sequenceNum".into(),
+                columns: ColumnSelection::AllExcept(vec!["operation".into(), "sequenceNum".into()]),
+                scd_type: 1,
+                track_history: ColumnSelection::All,
+            }
+        );
+        let PipelineStatement::AutoCdcFlow(f) = one(
+            "CREATE FLOW snapshot AS AUTO CDC ONCE INTO customers FROM customers_snapshot \
+             KEYS (id, region) IGNORE NULL UPDATES SEQUENCE BY 0 COLUMNS (id, region, name) \
+             STORED AS SCD TYPE 2 TRACK HISTORY ON * EXCEPT (name)",
+        ) else {
+            panic!("an AUTO CDC once flow")
+        };
+        assert!(f.once && f.ignore_null_updates);
+        assert_eq!(f.keys, ["id", "region"]);
+        assert_eq!((f.sequence_by.as_str(), f.scd_type), ("0", 2));
+        assert_eq!(
+            f.columns,
+            ColumnSelection::Only(vec!["id".into(), "region".into(), "name".into()])
+        );
+        assert_eq!(
+            f.track_history,
+            ColumnSelection::AllExcept(vec!["name".into()])
+        );
+
+        for (sql, class) in [
+            (
+                "CREATE FLOW f AS AUTO CDC INTO t FROM STREAM s SEQUENCE BY v",
+                "PARSE_SYNTAX_ERROR",
+            ),
+            (
+                "CREATE FLOW f AS AUTO CDC INTO t FROM STREAM s KEYS (k)",
+                "PARSE_SYNTAX_ERROR",
+            ),
+            (
+                "CREATE FLOW f AS AUTO CDC INTO t FROM STREAM s KEYS (k) SEQUENCE BY v \
+                 STORED AS SCD TYPE 3",
+                "PARSE_SYNTAX_ERROR",
+            ),
+            (
+                "CREATE FLOW f AS AUTO CDC INTO t FROM STREAM s KEYS (k) \
+                 APPLY AS TRUNCATE WHEN op = 'T' SEQUENCE BY v STORED AS SCD TYPE 2",
+                "INVALID_AUTO_CDC_FLOW",
+            ),
+            (
+                "CREATE FLOW f AS AUTO CDC INTO t FROM STREAM s KEYS (k) SEQUENCE BY v \
+                 TRACK HISTORY ON (a)",
+                "INVALID_AUTO_CDC_FLOW",
+            ),
+        ] {
+            assert_eq!(
+                parse_pipeline_script(sql).unwrap_err().class,
+                class,
                 "{sql}"
             );
         }
