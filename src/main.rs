@@ -166,8 +166,10 @@ enum PipelineCommand {
         json: bool,
     },
     /// Check the pipeline without reading or writing data: its spec, its files' statements,
-    /// and its dataset graph (two definitions of a name, flows into undefined tables, tables
-    /// no flow writes, cycles). Exit code 0 only when the graph is sound.
+    /// its dataset graph (two definitions of a name, flows into undefined tables, tables no
+    /// flow writes, cycles), every flow's query planned, and every flow with a checkpoint
+    /// against it (the restart checks of `weir checkpoint validate`). Exit code 0 only when
+    /// the update would start.
     DryRun {
         /// The spec file; by default weir-pipeline.yml in this folder or the nearest above.
         #[arg(long)]
