@@ -96,13 +96,15 @@ pub async fn check_flows(
                     match (flow.kind, streaming) {
                         (FlowKind::Append, true) => {
                             let checkpoint = layout.checkpoint(&dataset.name, &flow.name);
-                            let writer = session
-                                .write_stream(df)
-                                .format("delta")
-                                .option("path", layout.table(dataset))
-                                .checkpoint_location(checkpoint.clone())
-                                .trigger(Trigger::AvailableNow);
                             if has_checkpoint(&checkpoint).await {
+                                let writer = crate::run::flow_writer(
+                                    session,
+                                    layout,
+                                    dataset,
+                                    flow,
+                                    df,
+                                    Trigger::AvailableNow,
+                                );
                                 match writer.validate().await {
                                     Ok(report) => check.restart = Some(report),
                                     Err(e) => check.error = Some(e),

@@ -115,11 +115,6 @@ impl UpdateEvents {
         });
     }
 
-    /// The events so far.
-    pub fn events(&self) -> &[Event] {
-        &self.events
-    }
-
     /// Appends the update's events to the event log, in one commit.
     pub async fn write(&self) -> Result<(), Error> {
         let schema = weir_engine::event_log::schema();

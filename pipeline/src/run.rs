@@ -28,7 +28,7 @@ use datafusion::dataframe::DataFrame;
 use datafusion::prelude::SessionConfig;
 use futures::future::join_all;
 use weir_common::{ClassifiedError, Location, Options};
-use weir_engine::{Error, OutputMode, Trigger, WeirSession};
+use weir_engine::{DataStreamWriter, Error, OutputMode, Trigger, WeirSession};
 use weir_sinks::Sink;
 use weir_sinks::delta::DeltaSink;
 
@@ -585,17 +585,36 @@ pub async fn reset_flows(
         let lower = flow.query.to_ascii_lowercase();
         let from_start = STARTING_OPTIONS.iter().any(|o| lower.contains(o));
         let df = DataFrame::new(session.context().state(), plan);
-        let report = session
-            .write_stream(df)
-            .format("delta")
-            .option("path", layout.table(dataset))
-            .checkpoint_location(checkpoint)
-            .trigger(Trigger::AvailableNow)
+        let report = flow_writer(&session, &layout, dataset, flow, df, Trigger::AvailableNow)
             .reset_checkpoint_sources(&sources, from_start)
             .await?;
         reports.push((flow.name.clone(), report));
     }
     Ok(reports)
+}
+
+/// The writer of streaming flow `flow` into `dataset`: the Delta sink at the table (with its
+/// partitioning), the flow's checkpoint and `trigger`.
+pub(crate) fn flow_writer(
+    session: &WeirSession,
+    layout: &Layout,
+    dataset: &Dataset,
+    flow: &Flow,
+    df: DataFrame,
+    trigger: Trigger,
+) -> DataStreamWriter {
+    let mut writer = session
+        .write_stream(df)
+        .format("delta")
+        .option("path", layout.table(dataset))
+        .checkpoint_location(layout.checkpoint(&dataset.name, &flow.name))
+        .trigger(trigger);
+    if let Some(t) = &dataset.table
+        && !t.partitioned_by.is_empty()
+    {
+        writer = writer.option("partitionBy", t.partitioned_by.join(","));
+    }
+    writer
 }
 
 /// Makes every stored dataset whose table exists readable by name (batch SQL and `STREAM
@@ -717,17 +736,14 @@ async fn run_continuously(
         let dataset = &graph.datasets[&flow.target.to_ascii_lowercase()];
         let plan = session.plan_sql(&flow.query).await?;
         let df = DataFrame::new(session.context().state(), plan);
-        let mut writer = session
-            .write_stream(df)
-            .format("delta")
-            .option("path", layout.table(dataset))
-            .checkpoint_location(layout.checkpoint(&dataset.name, &flow.name))
-            .trigger(Trigger::ProcessingTime(interval));
-        if let Some(t) = &dataset.table
-            && !t.partitioned_by.is_empty()
-        {
-            writer = writer.option("partitionBy", t.partitioned_by.join(","));
-        }
+        let writer = flow_writer(
+            &session,
+            &layout,
+            dataset,
+            flow,
+            df,
+            Trigger::ProcessingTime(interval),
+        );
         queries.push((flow, writer.start().await?));
         events.flow(
             &flow.name,
@@ -876,18 +892,9 @@ async fn run_flow_inner(
         FlowKind::Append => {
             let plan = session.plan_sql(&flow.query).await?;
             let df = DataFrame::new(session.context().state(), plan);
-            let mut writer = session
-                .write_stream(df)
-                .format("delta")
-                .option("path", &table)
-                .checkpoint_location(checkpoint)
-                .trigger(Trigger::AvailableNow);
-            if let Some(t) = &dataset.table
-                && !t.partitioned_by.is_empty()
-            {
-                writer = writer.option("partitionBy", t.partitioned_by.join(","));
-            }
-            let query = writer.start().await?;
+            let query = flow_writer(session, layout, dataset, flow, df, Trigger::AvailableNow)
+                .start()
+                .await?;
             let ended = query.await_termination().await;
             let progress = query.recent_progress();
             progress_out.extend(

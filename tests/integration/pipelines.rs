@@ -461,18 +461,23 @@ fn a_once_flow_backfills_a_fully_refreshed_table_from_a_version_kept_before_the_
     };
     let all: Vec<String> = (0..8).map(|v| v.to_string()).collect();
     assert_eq!(events(), all);
+    // The table keeps only new values from now on; a once flow restores version `v`.
+    let backfill_from = |v: u32| {
+        std::fs::write(
+            project.join("transformations/all.sql"),
+            format!(
+                "{RAW}CREATE STREAMING TABLE events AS SELECT value FROM STREAM raw \
+                 WHERE value >= 100;\n\
+                 CREATE FLOW backfill AS INSERT INTO ONCE events BY NAME \
+                 SELECT value FROM events VERSION AS OF {v};"
+            ),
+        )
+        .unwrap();
+    };
 
     // The table's query changes to keep only new values and the table is fully refreshed: the
     // refresh empties it, and a once flow puts back what version 2 (before the refresh) held.
-    std::fs::write(
-        project.join("transformations/all.sql"),
-        format!(
-            "{RAW}CREATE STREAMING TABLE events AS SELECT value FROM STREAM raw WHERE value >= 100;\n\
-             CREATE FLOW backfill AS INSERT INTO ONCE events BY NAME \
-             SELECT value FROM events VERSION AS OF 2;"
-        ),
-    )
-    .unwrap();
+    backfill_from(2);
     let (ok, stderr) = update_with(&project, &["--full-refresh", "events"]);
     assert!(ok, "{stderr}");
     assert!(
@@ -482,15 +487,7 @@ fn a_once_flow_backfills_a_fully_refreshed_table_from_a_version_kept_before_the_
     assert_eq!(events(), all);
 
     // A version the table does not have stops the update before anything is written.
-    std::fs::write(
-        project.join("transformations/all.sql"),
-        format!(
-            "{RAW}CREATE STREAMING TABLE events AS SELECT value FROM STREAM raw WHERE value >= 100;\n\
-             CREATE FLOW backfill AS INSERT INTO ONCE events BY NAME \
-             SELECT value FROM events VERSION AS OF 99;"
-        ),
-    )
-    .unwrap();
+    backfill_from(99);
     let (ok, stderr) = update_with(&project, &["--full-refresh", "events"]);
     assert!(!ok);
     assert!(stderr.contains("DELTA_VERSION_NOT_FOUND"), "{stderr}");
