@@ -46,7 +46,7 @@ pub use execution::query::{
     QueryStatus, StreamingQuery, StreamingQueryException, StreamingQueryManager,
 };
 pub use execution::trigger::Trigger;
-pub use stateful::StateBackend;
+pub use stateful::{StateBackend, auto_cdc_apply_once};
 pub use tools::validate::ValidationReport;
 pub use weir_sinks::OutputMode;
 pub use weir_state::RocksDbConfig;

@@ -192,13 +192,15 @@ fn has_session_window(plan: &LogicalPlan) -> bool {
     .unwrap_or(false)
 }
 
-/// Whether `plan` needs state across batches: a streaming aggregation or deduplication.
+/// Whether `plan` needs state across batches: a streaming aggregation, deduplication, join of
+/// streams or AUTO CDC.
 pub fn has_stateful_operator(plan: &LogicalPlan) -> bool {
     has_streaming_aggregation(plan)
         || plan
             .exists(|n| {
                 Ok((crate::dedupe::DeduplicateNode::of(n).is_some()
-                    || crate::join::StreamJoinNode::of(n).is_some())
+                    || crate::join::StreamJoinNode::of(n).is_some()
+                    || crate::auto_cdc::AutoCdcNode::of(n).is_some())
                     && is_streaming(n))
             })
             .unwrap_or(false)

@@ -20,6 +20,7 @@
 //! - [`session_window`]: `session_window()`, session windows of a streaming aggregation.
 
 pub mod analysis;
+pub mod auto_cdc;
 pub mod dedupe;
 pub mod join;
 pub mod limits;

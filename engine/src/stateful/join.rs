@@ -1085,6 +1085,7 @@ impl StatefulOperator for StreamJoin {
         Ok(ShuffleKey {
             exprs: side.keys.clone(),
             fields: self.key_fields.clone(),
+            broadcast: None,
         })
     }
 

@@ -31,16 +31,22 @@ pub(crate) enum OperatorKind {
     SessionWindowAggregate,
     /// A join of two streams.
     StreamStreamJoin,
+    /// AUTO CDC into an SCD type 1 table.
+    AutoCdcScd1,
+    /// AUTO CDC into an SCD type 2 table.
+    AutoCdcScd2,
 }
 
 impl OperatorKind {
     /// Every kind.
-    pub(crate) const ALL: [Self; 5] = [
+    pub(crate) const ALL: [Self; 7] = [
         Self::Aggregate,
         Self::Dedupe,
         Self::DedupeWithinWatermark,
         Self::SessionWindowAggregate,
         Self::StreamStreamJoin,
+        Self::AutoCdcScd1,
+        Self::AutoCdcScd2,
     ];
 
     /// The name the checkpoint and progress records use.
@@ -51,6 +57,8 @@ impl OperatorKind {
             Self::DedupeWithinWatermark => "dedupeWithinWatermark",
             Self::SessionWindowAggregate => "sessionWindowAggregate",
             Self::StreamStreamJoin => "streamStreamJoin",
+            Self::AutoCdcScd1 => "autoCdcScd1",
+            Self::AutoCdcScd2 => "autoCdcScd2",
         }
     }
 
@@ -67,6 +75,8 @@ impl OperatorKind {
             Self::Dedupe | Self::DedupeWithinWatermark => &super::dedupe::DedupeFormat,
             Self::SessionWindowAggregate => &super::session::SessionFormat,
             Self::StreamStreamJoin => &super::join::JoinFormat,
+            Self::AutoCdcScd1 => &super::auto_cdc::AutoCdcFormat { scd_type: 1 },
+            Self::AutoCdcScd2 => &super::auto_cdc::AutoCdcFormat { scd_type: 2 },
         }
     }
 }

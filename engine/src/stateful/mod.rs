@@ -10,6 +10,7 @@
 //! progress record.
 
 mod aggregate;
+mod auto_cdc;
 mod dedupe;
 mod join;
 mod kind;
@@ -40,6 +41,7 @@ use operator::StatefulExec;
 /// The column an operator's state key starts with when the key has an event-time component
 /// (so that watermark eviction is a range scan); the shuffle key is the rest.
 pub(crate) const EVENT_TIME_KEY: &str = "__event_time_us";
+pub use auto_cdc::apply_once as auto_cdc_apply_once;
 pub(crate) use join::stored as join_state;
 pub(crate) use kind::{OperatorKind, Placement, decode_rows, value_struct};
 use watermark::WatermarkExec;
@@ -164,7 +166,7 @@ async fn shuffle(
     key: &operator::ShuffleKey,
     partitions: usize,
 ) -> Result<Vec<Vec<arrow::array::RecordBatch>>> {
-    use arrow::array::UInt32Array;
+    use arrow::array::{Array, AsArray, UInt32Array};
     use arrow::compute::take_record_batch;
     let collected = datafusion::physical_plan::collect_partitioned(input, context).await?;
     let converter = arrow::row::RowConverter::new(key.fields.clone())?;
@@ -174,6 +176,12 @@ async fn shuffle(
             continue;
         }
         let mut indices = vec![vec![]; partitions];
+        let everywhere = key.broadcast.map(|c| batch.column(c).as_boolean().clone());
+        let everywhere = |i: usize| {
+            everywhere
+                .as_ref()
+                .is_some_and(|b| b.is_valid(i) && b.value(i))
+        };
         if key.exprs.is_empty() {
             indices[weir_state::key_partition(&[], partitions)] =
                 (0..batch.num_rows() as u32).collect();
@@ -185,7 +193,13 @@ async fn shuffle(
                 .collect::<Result<Vec<_>>>()?;
             let rows = converter.convert_columns(&columns)?;
             for (i, row) in rows.iter().enumerate() {
-                indices[weir_state::key_partition(row.as_ref(), partitions)].push(i as u32);
+                if everywhere(i) {
+                    for ix in &mut indices {
+                        ix.push(i as u32);
+                    }
+                } else {
+                    indices[weir_state::key_partition(row.as_ref(), partitions)].push(i as u32);
+                }
             }
         }
         for (p, ix) in indices.into_iter().enumerate() {
@@ -539,6 +553,14 @@ fn rewrite(
         operators.push(OperatorInfo::placeholder());
         let input = rewrite(Arc::clone(d.children()[0]), batch, operators, watermarks)?;
         let exec = d.attach(input, id, Arc::clone(batch))?;
+        operators[id as usize] = exec.info().clone();
+        return Ok(Arc::new(exec));
+    }
+    if let Some(a) = plan.downcast_ref::<auto_cdc::AutoCdcExec>() {
+        let id = operators.len() as u32;
+        operators.push(OperatorInfo::placeholder());
+        let input = rewrite(Arc::clone(a.children()[0]), batch, operators, watermarks)?;
+        let exec = a.attach(input, id, Arc::clone(batch))?;
         operators[id as usize] = exec.info().clone();
         return Ok(Arc::new(exec));
     }

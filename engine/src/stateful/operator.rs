@@ -71,6 +71,9 @@ pub(crate) trait StatefulOperator: Send + Sync + 'static {
 pub(crate) struct ShuffleKey {
     pub(crate) exprs: Vec<Arc<dyn PhysicalExpr>>,
     pub(crate) fields: Vec<SortField>,
+    /// A boolean column whose true rows go to every partition (AUTO CDC's truncates, which
+    /// apply to every key).
+    pub(crate) broadcast: Option<usize>,
 }
 
 impl ShuffleKey {
@@ -90,6 +93,15 @@ impl ShuffleKey {
                 .iter()
                 .map(|&i| SortField::new(schema.field(i).data_type().clone()))
                 .collect(),
+            broadcast: None,
+        }
+    }
+
+    /// The key, with the rows where boolean column `column` is true sent to every partition.
+    pub(crate) fn broadcasting(self, column: usize) -> Self {
+        Self {
+            broadcast: Some(column),
+            ..self
         }
     }
 }

@@ -289,6 +289,15 @@ impl ExtensionPlanner for WatermarkPlanner {
                 w.delay_ms,
             )?)));
         }
+        if let Some(a) = node
+            .as_any()
+            .downcast_ref::<weir_planner::auto_cdc::AutoCdcNode>()
+        {
+            return Ok(Some(Arc::new(super::auto_cdc::AutoCdcExec::try_new(
+                Arc::clone(input),
+                a,
+            )?)));
+        }
         if let Some(d) = node.as_any().downcast_ref::<DeduplicateNode>() {
             let keys: Vec<String> = d.keys.iter().map(|k| k.name.clone()).collect();
             return Ok(Some(Arc::new(super::dedupe::DedupeExec::try_new(
