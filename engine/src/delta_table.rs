@@ -38,17 +38,39 @@ pub enum TableAt {
 pub struct DeltaLatestTable {
     url: Url,
     storage: HashMap<String, String>,
+    /// The columns readers see: the table's, but those only AUTO CDC reads
+    /// (`__weir_cdc_*`, `weir_planner::auto_cdc::HIDDEN_PREFIX`).
     schema: SchemaRef,
+    /// Where each seen column is among the table's.
+    visible: Vec<usize>,
     at: Option<TableAt>,
 }
 
 impl DeltaLatestTable {
     /// The table at `url`, whose rows have `schema`.
     pub fn new(url: Url, storage: HashMap<String, String>, schema: SchemaRef) -> Self {
+        let visible: Vec<usize> = (0..schema.fields().len())
+            .filter(|&i| {
+                !schema
+                    .field(i)
+                    .name()
+                    .starts_with(weir_planner::auto_cdc::HIDDEN_PREFIX)
+            })
+            .collect();
+        let schema = if visible.len() == schema.fields().len() {
+            schema
+        } else {
+            Arc::new(
+                schema
+                    .project(&visible)
+                    .unwrap_or_else(|_| schema.as_ref().clone()),
+            )
+        };
         Self {
             url,
             storage,
             schema,
+            visible,
             at: None,
         }
     }
@@ -96,7 +118,16 @@ impl TableProvider for DeltaLatestTable {
         limit: Option<usize>,
     ) -> Result<Arc<dyn ExecutionPlan>> {
         let provider = self.provider(state).await?;
-        let plan = provider.scan(state, projection, filters, limit).await?;
+        // The projection over the seen columns, as the table's.
+        let hidden = self.visible.len() != provider.schema().fields().len();
+        let among_table: Option<Vec<usize>> = match (projection, hidden) {
+            (Some(p), true) => Some(p.iter().map(|&i| self.visible[i]).collect()),
+            (None, true) => Some(self.visible.clone()),
+            (p, false) => p.cloned(),
+        };
+        let plan = provider
+            .scan(state, among_table.as_ref(), filters, limit)
+            .await?;
         // delta-rs may read strings as views, or a table's types may have moved on: give the
         // rows the types this table declared when it was registered.
         let want = match projection {

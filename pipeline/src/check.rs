@@ -84,15 +84,19 @@ pub async fn check_flows(
                 out.push(check);
                 continue;
             }
-            match session.plan_sql(&flow.query).await {
+            match crate::run::flow_plan(session, flow).await {
                 Err(e) => check.error = Some(e),
                 Ok(plan) => {
                     let streaming = weir_planner::is_streaming(&plan);
                     let df = DataFrame::new(session.context().state(), plan);
-                    schemas.push((
-                        dataset.name.clone(),
-                        Arc::new(df.schema().as_arrow().clone()),
-                    ));
+                    // An AUTO CDC flow's table has its output's columns but the action.
+                    let mut schema = df.schema().as_arrow().clone();
+                    if flow.auto_cdc.is_some() {
+                        schema = arrow::datatypes::Schema::new(
+                            schema.fields().iter().skip(1).cloned().collect::<Vec<_>>(),
+                        );
+                    }
+                    schemas.push((dataset.name.clone(), Arc::new(schema)));
                     match (flow.kind, streaming) {
                         (FlowKind::Append, true) => {
                             let checkpoint = layout.checkpoint(&dataset.name, &flow.name);

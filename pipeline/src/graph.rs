@@ -23,7 +23,9 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
 use weir_common::ClassifiedError;
-use weir_planner::pipeline::{PipelineStatement, TimeTravel, dataset_reads, parse_pipeline_script};
+use weir_planner::pipeline::{
+    CreateAutoCdcFlow, PipelineStatement, TimeTravel, dataset_reads, parse_pipeline_script,
+};
 use weir_planner::statement::{CreateStreamingTable, Statement};
 
 /// What kind of dataset a name is.
@@ -91,6 +93,47 @@ pub struct Flow {
     pub reads: BTreeSet<String>,
     /// The earlier table versions it reads (`VERSION AS OF`, `TIMESTAMP AS OF`).
     pub time_travel: Vec<TimeTravel>,
+    /// An AUTO CDC flow's statement: `query` then reads its source with the sequence, delete
+    /// and truncate columns AUTO CDC works from ([`auto_cdc_input`]).
+    pub auto_cdc: Option<CreateAutoCdcFlow>,
+}
+
+/// `name` of a source written `STREAM(name)` or `STREAM name`.
+fn streamed_name(source: &str) -> Option<String> {
+    let rest = source.trim();
+    let head = rest.get(..6)?;
+    if !head.eq_ignore_ascii_case("stream") {
+        return None;
+    }
+    let rest = rest[6..].trim();
+    let rest = rest
+        .strip_prefix('(')
+        .and_then(|r| r.strip_suffix(')'))
+        .unwrap_or(rest)
+        .trim();
+    let plain = !rest.is_empty()
+        && rest
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '.');
+    plain.then(|| rest.to_string())
+}
+
+/// The query an AUTO CDC flow reads its changes with: the source's columns, then
+/// `__weir_cdc_sequence` (SEQUENCE BY), `__weir_cdc_delete` and `__weir_cdc_truncate` (the
+/// APPLY AS conditions, a null condition counting as false: R2).
+pub fn auto_cdc_input(f: &CreateAutoCdcFlow) -> String {
+    use weir_planner::auto_cdc::{DELETE, SEQUENCE, TRUNCATE};
+    let condition = |c: &Option<String>| match c {
+        Some(c) => format!("COALESCE(({c}), false)"),
+        None => "false".into(),
+    };
+    format!(
+        "SELECT *, ({}) AS {SEQUENCE}, {} AS {DELETE}, {} AS {TRUNCATE} FROM {}",
+        f.sequence_by,
+        condition(&f.delete_when),
+        condition(&f.truncate_when),
+        f.source
+    )
 }
 
 /// The pipeline's datasets and flows, checked.
@@ -187,6 +230,7 @@ impl Graph {
                             file: file.to_path_buf(),
                             reads: BTreeSet::new(),
                             time_travel: vec![],
+                            auto_cdc: None,
                         });
                         let table = Dataset {
                             name: t.name.clone(),
@@ -208,6 +252,7 @@ impl Graph {
                             file: file.to_path_buf(),
                             reads: BTreeSet::new(),
                             time_travel: mv.time_travel,
+                            auto_cdc: None,
                         };
                         let view = Dataset {
                             name: mv.name,
@@ -242,20 +287,38 @@ impl Graph {
                         file: file.to_path_buf(),
                         reads: BTreeSet::new(),
                         time_travel: f.time_travel,
+                        auto_cdc: None,
                     }),
-                    PipelineStatement::AutoCdcFlow(f) => errors.push(in_file(
-                        file,
-                        ClassifiedError::new(
-                            "UNSUPPORTED_FEATURE.AUTO_CDC",
-                            "0A000",
-                            format!(
-                                "Flow '{}' is an AUTO CDC flow into '{}': this weir reads the \
-                                 statement but does not run AUTO CDC flows yet. Keep the table \
-                                 up to date with append flows for now.",
-                                f.name, f.target
+                    PipelineStatement::AutoCdcFlow(f) if f.ignore_null_updates => {
+                        errors.push(in_file(
+                            file,
+                            ClassifiedError::new(
+                                "UNSUPPORTED_FEATURE.AUTO_CDC_IGNORE_NULL_UPDATES",
+                                "0A000",
+                                format!(
+                                    "Flow '{}' asks for IGNORE NULL UPDATES, which this weir \
+                                     does not apply yet (a null in an upsert overwrites the \
+                                     stored value). Remove the clause, or fill the nulls from \
+                                     the target before the flow.",
+                                    f.name
+                                ),
                             ),
-                        ),
-                    )),
+                        ))
+                    }
+                    PipelineStatement::AutoCdcFlow(f) => flows.push(Flow {
+                        name: f.name.clone(),
+                        target: f.target.clone(),
+                        kind: if f.once {
+                            FlowKind::Once
+                        } else {
+                            FlowKind::Append
+                        },
+                        query: auto_cdc_input(&f),
+                        file: file.to_path_buf(),
+                        reads: BTreeSet::new(),
+                        time_travel: vec![],
+                        auto_cdc: Some(f),
+                    }),
                     PipelineStatement::Other(other) => {
                         let what = match &other {
                             Statement::Insert { table, .. } => format!("INSERT INTO {table}"),
@@ -277,6 +340,19 @@ impl Graph {
                         ));
                     }
                 }
+            }
+        }
+        // An AUTO CDC flow reading `STREAM(v)` of a temporary view reads the view, whose query
+        // streams (Databricks' form; the view is a named query, not a stream of its own).
+        for f in &mut flows {
+            if let Some(cdc) = &mut f.auto_cdc
+                && let Some(name) = streamed_name(&cdc.source)
+                && datasets
+                    .get(&key(&name))
+                    .is_some_and(|d| d.kind == DatasetKind::TemporaryView)
+            {
+                cdc.source = name;
+                f.query = auto_cdc_input(cdc);
             }
         }
         let mut graph = Graph { datasets, flows };
@@ -364,6 +440,53 @@ impl Graph {
                     ));
                 }
                 _ => {}
+            }
+        }
+        // AUTO CDC flows into one table must agree on what a row is.
+        let mut cdc_targets: BTreeMap<String, &Flow> = BTreeMap::new();
+        for f in &self.flows {
+            let Some(cdc) = &f.auto_cdc else { continue };
+            match cdc_targets
+                .get(&key(&f.target))
+                .and_then(|g| g.auto_cdc.as_ref().map(|c| (g, c)))
+            {
+                None => {
+                    cdc_targets.insert(key(&f.target), f);
+                }
+                Some((first, c)) => {
+                    let keys =
+                        |c: &CreateAutoCdcFlow| c.keys.iter().map(|k| key(k)).collect::<Vec<_>>();
+                    if keys(c) != keys(cdc) || c.scd_type != cdc.scd_type {
+                        errors.push(ClassifiedError::new(
+                            "INVALID_AUTO_CDC_FLOW",
+                            "42K06",
+                            format!(
+                                "AUTO CDC flows '{}' and '{}' both write '{}' but with other \
+                                 KEYS or SCD types ({} and {}): every AUTO CDC flow into a \
+                                 table gives the same keys and type.",
+                                first.name,
+                                f.name,
+                                f.target,
+                                c.keys.join(", "),
+                                cdc.keys.join(", ")
+                            ),
+                        ));
+                    }
+                }
+            }
+        }
+        for f in &self.flows {
+            if f.auto_cdc.is_none() && cdc_targets.contains_key(&key(&f.target)) {
+                errors.push(ClassifiedError::new(
+                    "INVALID_AUTO_CDC_FLOW",
+                    "42K06",
+                    format!(
+                        "Flow '{}' appends to '{}', which AUTO CDC flows keep by key: its rows \
+                         would bypass the keys. Make it an AUTO CDC flow too, or write another \
+                         table.",
+                        f.name, f.target
+                    ),
+                ));
             }
         }
         for d in self.datasets.values() {
@@ -587,16 +710,44 @@ mod tests {
     }
 
     #[test]
-    fn an_auto_cdc_flow_is_refused_by_name_until_weir_runs_them() {
+    fn auto_cdc_flows_into_one_table_agree_on_keys_and_are_not_mixed_with_appends() {
+        let graph = Graph::from_sources(&[(
+            Path::new("cdc.sql"),
+            "CREATE STREAMING TABLE customers;
+             CREATE FLOW changes AS AUTO CDC INTO customers FROM STREAM cdc KEYS (id)
+             APPLY AS DELETE WHEN op = 'DELETE' SEQUENCE BY seq;
+             CREATE FLOW snapshot AS AUTO CDC ONCE INTO customers FROM snap KEYS (ID)
+             SEQUENCE BY 0;",
+        )])
+        .unwrap();
+        assert_eq!(graph.flows[0].kind, FlowKind::Append);
+        assert_eq!(graph.flows[1].kind, FlowKind::Once);
+        assert_eq!(
+            graph.flows[0].query,
+            "SELECT *, (seq) AS __weir_cdc_sequence, COALESCE((op = 'DELETE'), false) AS \
+             __weir_cdc_delete, false AS __weir_cdc_truncate FROM STREAM(cdc)"
+        );
         assert_eq!(
             classes(&[(
                 "cdc.sql",
                 "CREATE STREAMING TABLE customers;
-                 CREATE FLOW changes AS AUTO CDC INTO customers FROM STREAM cdc KEYS (id)
-                 SEQUENCE BY seq;"
+                 CREATE FLOW a AS AUTO CDC INTO customers FROM STREAM cdc KEYS (id)
+                 SEQUENCE BY seq;
+                 CREATE FLOW b AS AUTO CDC INTO customers FROM STREAM cdc KEYS (name)
+                 SEQUENCE BY seq;
+                 CREATE FLOW c AS INSERT INTO customers BY NAME SELECT * FROM STREAM cdc;"
+            )]),
+            ["INVALID_AUTO_CDC_FLOW", "INVALID_AUTO_CDC_FLOW"]
+        );
+        assert_eq!(
+            classes(&[(
+                "cdc.sql",
+                "CREATE STREAMING TABLE customers;
+                 CREATE FLOW a AS AUTO CDC INTO customers FROM STREAM cdc KEYS (id)
+                 IGNORE NULL UPDATES SEQUENCE BY seq;"
             )]),
             [
-                "UNSUPPORTED_FEATURE.AUTO_CDC",
+                "UNSUPPORTED_FEATURE.AUTO_CDC_IGNORE_NULL_UPDATES",
                 "PIPELINE_DATASET_WITHOUT_FLOW"
             ]
         );

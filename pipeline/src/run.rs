@@ -210,6 +210,49 @@ impl Layout {
     }
 }
 
+/// How long AUTO CDC remembers a delete (Databricks' table property, here a pipeline setting).
+const TOMBSTONE_SETTING: &str = "pipelines.cdc.tombstoneGCThresholdInSeconds";
+
+/// The pipeline's AUTO CDC settings, kept in its sessions' configuration.
+#[derive(Debug, Clone, Copy)]
+struct CdcSettings {
+    tombstone_ttl_ms: i64,
+}
+
+/// The plan of `flow`'s query; an AUTO CDC flow's reads its changes and applies them
+/// ([`weir_planner::auto_cdc`]).
+pub(crate) async fn flow_plan(
+    session: &WeirSession,
+    flow: &Flow,
+) -> Result<datafusion::logical_expr::LogicalPlan, Error> {
+    let plan = session.plan_sql(&flow.query).await?;
+    let Some(cdc) = &flow.auto_cdc else {
+        return Ok(plan);
+    };
+    let tombstone_ttl_ms = session
+        .context()
+        .state()
+        .config()
+        .get_extension::<CdcSettings>()
+        .map_or(weir_planner::auto_cdc::DEFAULT_TOMBSTONE_TTL_MS, |s| {
+            s.tombstone_ttl_ms
+        });
+    let options = weir_planner::auto_cdc::AutoCdcOptions {
+        keys: cdc.keys.clone(),
+        columns: cdc.columns.clone(),
+        scd_type: cdc.scd_type,
+        track_history: cdc.track_history.clone(),
+        truncates: cdc.truncate_when.is_some(),
+        tombstone_ttl_ms,
+    };
+    weir_planner::auto_cdc::auto_cdc(plan, &options).map_err(|e| {
+        Error::from(ClassifiedError {
+            message: format!("Flow '{}': {}", flow.name, e.message),
+            ..e
+        })
+    })
+}
+
 /// A session with the spec's settings.
 pub fn session_for(spec: &PipelineSpec) -> Result<WeirSession, Error> {
     let mut config = SessionConfig::new();
@@ -224,6 +267,17 @@ pub fn session_for(spec: &PipelineSpec) -> Result<WeirSession, Error> {
                 )
             })?;
             config = config.with_target_partitions(n);
+        } else if lower == TOMBSTONE_SETTING.to_ascii_lowercase() {
+            let seconds: i64 = v.trim().parse().ok().filter(|n| *n >= 0).ok_or_else(|| {
+                Error::user(
+                    "INVALID_CONF_VALUE",
+                    "22022",
+                    format!("{k} must be a whole number of seconds, not '{v}'."),
+                )
+            })?;
+            config = config.with_extension(Arc::new(CdcSettings {
+                tombstone_ttl_ms: seconds.saturating_mul(1000),
+            }));
         } else if lower.starts_with("datafusion.") {
             config.options_mut().set(k, v).map_err(|e| {
                 Error::user(
@@ -238,7 +292,8 @@ pub fn session_for(spec: &PipelineSpec) -> Result<WeirSession, Error> {
                 "42K0I",
                 format!(
                     "The pipeline setting '{k}' is not one weir reads: give \
-                     spark.sql.shuffle.partitions or datafusion.* settings, or remove it."
+                     spark.sql.shuffle.partitions, {TOMBSTONE_SETTING} or datafusion.* \
+                     settings, or remove it."
                 ),
             ));
         }
@@ -426,12 +481,22 @@ async fn run_selected(
                 json!({}),
             );
         }
-        let runs = stage.iter().map(|&i| {
-            let flow = &graph.flows[i];
-            let dataset = &graph.datasets[&flow.target.to_ascii_lowercase()];
-            run_flow(&session, &layout, graph, dataset, flow)
-        });
-        let results = join_all(runs).await;
+        let session = &session;
+        let layout = &layout;
+        let runs = sequential_groups(graph, &stage)
+            .into_iter()
+            .map(|group| async move {
+                let mut out = vec![];
+                for i in group {
+                    let flow = &graph.flows[i];
+                    let dataset = &graph.datasets[&flow.target.to_ascii_lowercase()];
+                    out.push((i, run_flow(session, layout, graph, dataset, flow).await));
+                }
+                out
+            });
+        let mut by_flow: std::collections::BTreeMap<usize, _> =
+            join_all(runs).await.into_iter().flatten().collect();
+        let results: Vec<_> = stage.iter().filter_map(|i| by_flow.remove(i)).collect();
         for (&i, (result, progress)) in stage.iter().zip(results) {
             let name = &graph.flows[i].name;
             for p in progress {
@@ -472,6 +537,33 @@ async fn run_selected(
         }
     }
     Ok(outcomes)
+}
+
+/// The flows of a stage as groups that run concurrently, each group's flows one after the
+/// other: the AUTO CDC flows into one table form a group, once flows (an initial snapshot)
+/// first, so their MERGEs never race and a snapshot lands before the changes that follow it;
+/// every other flow is a group of its own.
+fn sequential_groups(graph: &Graph, stage: &[usize]) -> Vec<Vec<usize>> {
+    let mut groups: Vec<Vec<usize>> = vec![];
+    let mut by_target: std::collections::BTreeMap<String, usize> = Default::default();
+    for &i in stage {
+        let flow = &graph.flows[i];
+        if flow.auto_cdc.is_none() {
+            groups.push(vec![i]);
+            continue;
+        }
+        match by_target.get(&flow.target.to_ascii_lowercase()) {
+            Some(&g) => groups[g].push(i),
+            None => {
+                by_target.insert(flow.target.to_ascii_lowercase(), groups.len());
+                groups.push(vec![i]);
+            }
+        }
+    }
+    for g in &mut groups {
+        g.sort_by_key(|&i| (graph.flows[i].kind != FlowKind::Once, i));
+    }
+    groups
 }
 
 /// A full refresh of `d`: every checkpoint of its flows goes (once flows run again), and its
@@ -578,7 +670,7 @@ pub async fn reset_flows(
         if !started {
             continue;
         }
-        let plan = session.plan_sql(&flow.query).await?;
+        let plan = flow_plan(&session, flow).await?;
         let sources: Vec<String> = (0..weir_planner::streaming_tables(&plan).len())
             .map(|i| i.to_string())
             .collect();
@@ -603,6 +695,7 @@ pub(crate) fn flow_writer(
     df: DataFrame,
     trigger: Trigger,
 ) -> DataStreamWriter {
+    let df_plan = &df.logical_plan().clone();
     let mut writer = session
         .write_stream(df)
         .format("delta")
@@ -613,6 +706,9 @@ pub(crate) fn flow_writer(
         && !t.partitioned_by.is_empty()
     {
         writer = writer.option("partitionBy", t.partitioned_by.join(","));
+    }
+    if let Some(node) = weir_planner::auto_cdc::AutoCdcNode::of(df_plan) {
+        writer = writer.option("weir.autoCdc.keys", node.keys.join(","));
     }
     writer
 }
@@ -734,7 +830,7 @@ async fn run_continuously(
         .filter(selected)
     {
         let dataset = &graph.datasets[&flow.target.to_ascii_lowercase()];
-        let plan = session.plan_sql(&flow.query).await?;
+        let plan = flow_plan(&session, flow).await?;
         let df = DataFrame::new(session.context().state(), plan);
         let writer = flow_writer(
             &session,
@@ -890,7 +986,7 @@ async fn run_flow_inner(
     let checkpoint = layout.checkpoint(&dataset.name, &flow.name);
     match flow.kind {
         FlowKind::Append => {
-            let plan = session.plan_sql(&flow.query).await?;
+            let plan = flow_plan(session, flow).await?;
             let df = DataFrame::new(session.context().state(), plan);
             let query = flow_writer(session, layout, dataset, flow, df, Trigger::AvailableNow)
                 .start()
@@ -925,7 +1021,7 @@ async fn run_flow_inner(
             let id = dir.get("id").await.map_err(io)?.unwrap_or_default();
             let id = String::from_utf8_lossy(&id).trim().to_string();
             register_time_travel(session, layout, graph, flow).await?;
-            let plan = session.plan_sql(&flow.query).await?;
+            let plan = flow_plan(session, flow).await?;
             if weir_planner::is_streaming(&plan) {
                 return Err(Failed::Other(Error::user(
                     "INVALID_FLOW_QUERY_TYPE.STREAMING_RELATION_FOR_ONCE_FLOW",
@@ -942,16 +1038,32 @@ async fn run_flow_inner(
                     ),
                 )));
             }
-            let df = DataFrame::new(session.context().state(), plan);
-            let schema = Arc::new(df.schema().as_arrow().clone());
-            let batches = df.collect().await?;
-            let rows = batches.iter().map(|b| b.num_rows() as u64).sum();
+            let mut sink_options = Options::new().with("path", &table);
+            let (schema, batches, rows) = match weir_planner::auto_cdc::AutoCdcNode::of(&plan) {
+                // An AUTO CDC once flow (an initial snapshot): its changes applied as the
+                // stream's first batch would be, merged into the table.
+                Some(node) => {
+                    let input = DataFrame::new(session.context().state(), node.input.clone());
+                    let changes = input.collect().await?;
+                    let rows = changes.iter().map(|b| b.num_rows() as u64).sum();
+                    let out = weir_engine::auto_cdc_apply_once(node, changes)?;
+                    sink_options.set("weir.autoCdc.keys", node.keys.join(","));
+                    (out.schema(), vec![out], rows)
+                }
+                None => {
+                    let df = DataFrame::new(session.context().state(), plan);
+                    let schema = Arc::new(df.schema().as_arrow().clone());
+                    let batches = df.collect().await?;
+                    let rows = batches.iter().map(|b| b.num_rows() as u64).sum();
+                    (schema, batches, rows)
+                }
+            };
             let mode = if flow.kind == FlowKind::Once {
                 OutputMode::Append
             } else {
                 OutputMode::Complete
             };
-            let sink = DeltaSink::try_new(&Options::new().with("path", &table), &schema, mode)?;
+            let sink = DeltaSink::try_new(&sink_options, &schema, mode)?;
             sink.open(&id).await?;
             // A once flow writes batch 0 once; a view's every update is a new batch.
             let batch = if flow.kind == FlowKind::Once {

@@ -8,13 +8,19 @@
 //! input    the source's columns, then three the pipeline computes from the flow's clauses:
 //!          __weir_cdc_sequence (SEQUENCE BY), __weir_cdc_delete (APPLY AS DELETE WHEN, null
 //!          = false), __weir_cdc_truncate (APPLY AS TRUNCATE WHEN, null = false)
-//! output   __weir_cdc_action, then the target's columns (SCD 2: and __START_AT, __END_AT):
+//! output   __weir_cdc_action, then the target's columns, then SCD 1: __weir_cdc_sequence (the
+//!          row's winning sequence), SCD 2: __START_AT, __END_AT:
 //!            action 0  insert this row (an SCD 2 version)
-//!            action 1  delete every row of this key (only the key columns are set)
-//!            action 2  upsert this row by its key (SCD 1)
+//!            action 1  delete every row of this key (only the key columns are set) unless the
+//!                      target's row is newer
+//!            action 2  upsert this row by its key (SCD 1) unless the target's row is newer
+//!            action 3  truncate: delete every row below this sequence (SCD 1; no key)
 //! ```
 //!
-//! The Delta sink applies each batch's output as one MERGE on the key columns.
+//! The Delta sink applies each batch's output as one MERGE on the key columns. An SCD 1
+//! target keeps `__weir_cdc_sequence` (as Spark's keeps `__spark_autocdc_metadata`), so that
+//! several AUTO CDC flows into one table (a snapshot and a change feed) order their changes by
+//! sequence there too; weir's readers hide it.
 
 use std::fmt;
 use std::sync::Arc;
@@ -45,6 +51,10 @@ pub const ACTION_INSERT: i8 = 0;
 pub const ACTION_DELETE_KEY: i8 = 1;
 /// Output action: replace the target row of the row's key, or insert it.
 pub const ACTION_UPSERT: i8 = 2;
+/// Output action: delete every target row whose sequence is below the row's.
+pub const ACTION_TRUNCATE: i8 = 3;
+/// Columns of a target table that only AUTO CDC reads start with this.
+pub const HIDDEN_PREFIX: &str = "__weir_cdc_";
 
 /// Databricks' `pipelines.cdc.tombstoneGCThresholdInSeconds` when the pipeline does not set
 /// it: two days (the default is not documented; see the README).
@@ -289,15 +299,17 @@ pub fn auto_cdc(
     };
     let mut out = vec![Field::new(ACTION, DataType::Int8, false)];
     out.extend(columns.iter().filter_map(|c| field(c)));
+    let sequence = input
+        .schema()
+        .field_with_unqualified_name(SEQUENCE)
+        .map_err(|e| invalid(e.to_string()))?
+        .data_type()
+        .clone();
     if options.scd_type == 2 {
-        let sequence = input
-            .schema()
-            .field_with_unqualified_name(SEQUENCE)
-            .map_err(|e| invalid(e.to_string()))?
-            .data_type()
-            .clone();
         out.push(Field::new(START_AT, sequence.clone(), true));
         out.push(Field::new(END_AT, sequence, true));
+    } else {
+        out.push(Field::new(SEQUENCE, sequence, true));
     }
     let schema = DFSchema::from_unqualified_fields(out.into(), Default::default())
         .map_err(|e| invalid(e.to_string()))?;

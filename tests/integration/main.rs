@@ -12,6 +12,7 @@
 mod support;
 
 mod api;
+mod auto_cdc;
 mod checkpoint_tools;
 mod cli;
 mod crash;

@@ -4,6 +4,10 @@
 //! <batch id>}`. A batch replayed after a crash whose `txn` version is already in the table is
 //! skipped, so the table holds every batch exactly once.
 //!
+//! An AUTO CDC flow's sink merges instead (option `weir.autoCdc.keys`): its input leads with
+//! `__weir_cdc_action` (`weir_planner::auto_cdc`), and each batch is one MERGE on the keys
+//! (delete a key's rows, upsert a row, insert a version), committed with the same `txn`.
+//!
 //! ```text
 //! open:      load the table; create it from the query's schema if the folder has none;
 //!            refuse a table whose columns or partitioning differ (before any batch runs)
@@ -35,8 +39,14 @@ const ACCEPTED: &[&str] = &[
     "partitionBy",
     "mergeSchema",
     "userMetadata",
+    "weir.autoCdc.keys",
     "aws_<option>",
 ];
+
+/// The column an AUTO CDC flow's output leads with (`weir_planner::auto_cdc::ACTION`).
+const CDC_ACTION: &str = "__weir_cdc_action";
+/// An SCD 1 target's column of each row's winning sequence (`weir_planner::auto_cdc::SEQUENCE`).
+const CDC_SEQUENCE: &str = "__weir_cdc_sequence";
 
 /// The typed options of a Delta sink.
 #[derive(Debug, Clone)]
@@ -51,6 +61,8 @@ pub struct DeltaSinkOptions {
     pub user_metadata: Option<String>,
     /// `aws_*` options of the S3 client.
     pub storage: HashMap<String, String>,
+    /// `weir.autoCdc.keys`: an AUTO CDC flow's key columns; each batch is a MERGE on them.
+    pub merge_keys: Vec<String>,
 }
 
 impl DeltaSinkOptions {
@@ -74,12 +86,22 @@ impl DeltaSinkOptions {
                     .collect()
             })
             .unwrap_or_default();
+        let merge_keys = r
+            .string("weir.autoCdc.keys")
+            .map(|s| {
+                s.split(',')
+                    .map(|c| c.trim().to_string())
+                    .filter(|c| !c.is_empty())
+                    .collect()
+            })
+            .unwrap_or_default();
         Ok(Self {
             path,
             partition_by,
             merge_schema: r.bool("mergeSchema", false)?,
             user_metadata: r.string("userMetadata"),
             storage,
+            merge_keys,
         })
     }
 }
@@ -93,6 +115,23 @@ pub struct DeltaSink {
     mode: OutputMode,
     /// The query id (the `txn` appId) and the table as last loaded, once opened.
     opened: Mutex<Option<(String, DeltaTable)>>,
+    /// What the last MERGE did (AUTO CDC).
+    last_merge: std::sync::Mutex<Option<MergeFigures>>,
+}
+
+/// What one AUTO CDC batch's MERGE did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct MergeFigures {
+    /// Wall time of the MERGE, commit included (ms).
+    pub merge_ms: u64,
+    /// Rows of the batch's changes.
+    pub source_rows: u64,
+    /// Files the commit added.
+    pub files_added: u64,
+    /// Files the commit removed (rewritten).
+    pub files_removed: u64,
+    /// Rows written, copies of unchanged rows of rewritten files included.
+    pub rows_written: u64,
 }
 
 impl DeltaSink {
@@ -110,13 +149,139 @@ impl DeltaSink {
             }
         }
         let url = table_url(&options.path, false)?;
+        // An AUTO CDC flow's output: the table has its columns but the action.
+        let schema = if options.merge_keys.is_empty() {
+            Arc::clone(schema)
+        } else {
+            if schema.fields().first().map(|f| f.name().as_str()) != Some(CDC_ACTION) {
+                return Err(ClassifiedError::invalid_option(
+                    "The option weir.autoCdc.keys is for the output of an AUTO CDC flow.",
+                )
+                .into());
+            }
+            for k in &options.merge_keys {
+                if schema.field_with_name(k).is_err() {
+                    return Err(ClassifiedError::invalid_option(format!(
+                        "The AUTO CDC key '{k}' is not an output column."
+                    ))
+                    .into());
+                }
+            }
+            Arc::new(arrow::datatypes::Schema::new(
+                schema.fields().iter().skip(1).cloned().collect::<Vec<_>>(),
+            ))
+        };
         Ok(Self {
             options,
             url,
-            schema: Arc::clone(schema),
+            schema,
             mode,
             opened: Mutex::new(None),
+            last_merge: std::sync::Mutex::new(None),
         })
+    }
+
+    /// What the last batch's MERGE did (an AUTO CDC flow's sink), if one ran.
+    pub fn last_merge(&self) -> Option<MergeFigures> {
+        self.last_merge.lock().ok().and_then(|m| *m)
+    }
+
+    /// Applies an AUTO CDC batch's changes as one MERGE on the keys, committed with `props`
+    /// (the flow's `txn`): action 1 deletes the key's rows, 2 replaces or inserts the key's
+    /// row, 0 inserts a row (an SCD 2 version; it never matches), 3 deletes every row below
+    /// its sequence (a truncate). In an SCD 1 table, whose rows keep their sequence, a row is
+    /// replaced only by a change at or above it and deleted only by one above it, so that
+    /// several flows into one table order their changes by sequence.
+    async fn merge(
+        &self,
+        table: &DeltaTable,
+        rows: Vec<RecordBatch>,
+        props: CommitProperties,
+    ) -> Result<DeltaTable> {
+        use deltalake::datafusion::common::Column;
+        use deltalake::datafusion::logical_expr::{Expr, lit};
+        let started = std::time::Instant::now();
+        let source_rows = rows.iter().map(|b| b.num_rows() as u64).sum();
+        let truncate_at = truncate_sequence(&rows)?;
+        let ctx = deltalake::datafusion::prelude::SessionContext::new();
+        let source = ctx
+            .read_batches(rows)
+            .map_err(|e| Error::Corrupt(format!("the AUTO CDC changes: {e}")))?;
+        let side = |alias: &str, name: &str| Expr::Column(Column::new(Some(alias), name));
+        let action = || side("source", CDC_ACTION);
+        let on = self
+            .options
+            .merge_keys
+            .iter()
+            .map(|k| side("target", k).eq(side("source", k)))
+            .fold(action().not_eq(lit(0i8)), |all, e| all.and(e));
+        let columns: Vec<String> = self
+            .schema
+            .fields()
+            .iter()
+            .map(|f| f.name().clone())
+            .collect();
+        let sequenced = columns.iter().any(|c| c == CDC_SEQUENCE);
+        let newer = |at_equal: bool| {
+            if !sequenced {
+                return lit(true);
+            }
+            let (s, t) = (side("source", CDC_SEQUENCE), side("target", CDC_SEQUENCE));
+            let newer = if at_equal {
+                s.gt_eq(t.clone())
+            } else {
+                s.gt(t.clone())
+            };
+            t.is_null().or(newer)
+        };
+        let doing = format!(
+            "merge an AUTO CDC batch into the Delta table at {}",
+            self.url
+        );
+        let fail = |e| delta::error(e, &doing);
+        let mut merge = table
+            .clone()
+            .merge(source, on)
+            .with_source_alias("source")
+            .with_target_alias("target")
+            .with_commit_properties(props)
+            .when_matched_delete(|d| d.predicate(action().eq(lit(1i8)).and(newer(false))))
+            .map_err(fail)?
+            .when_matched_update(|u| {
+                columns.iter().fold(
+                    u.predicate(action().eq(lit(2i8)).and(newer(true))),
+                    |u, c| u.update(Column::new_unqualified(c), side("source", c)),
+                )
+            })
+            .map_err(fail)?
+            .when_not_matched_insert(|i| {
+                columns.iter().fold(
+                    i.predicate(action().eq(lit(0i8)).or(action().eq(lit(2i8)))),
+                    |i, c| i.set(Column::new_unqualified(c), side("source", c)),
+                )
+            })
+            .map_err(fail)?;
+        if let Some(t) = truncate_at {
+            merge = merge
+                .when_not_matched_by_source_delete(|d| {
+                    d.predicate(side("target", CDC_SEQUENCE).lt(lit(t)))
+                })
+                .map_err(fail)?;
+        }
+        if self.options.merge_schema {
+            merge = merge.with_merge_schema(true);
+        }
+        let (table, metrics) = merge.await.map_err(fail)?;
+        if let Ok(mut last) = self.last_merge.lock() {
+            *last = Some(MergeFigures {
+                merge_ms: started.elapsed().as_millis() as u64,
+                source_rows,
+                files_added: metrics.num_target_files_added as u64,
+                files_removed: metrics.num_target_files_removed as u64,
+                rows_written: metrics.num_output_rows as u64,
+            });
+        }
+        Ok(table)
     }
 
     /// The options a Delta source reading this table needs (`path` and the S3 client's).
@@ -248,6 +413,39 @@ impl DeltaSink {
         )
         .into())
     }
+}
+
+/// The highest sequence of an AUTO CDC batch's truncates (action 3), if it has any.
+fn truncate_sequence(
+    rows: &[RecordBatch],
+) -> Result<Option<deltalake::datafusion::scalar::ScalarValue>> {
+    use arrow::array::{Array, AsArray};
+    use deltalake::datafusion::scalar::ScalarValue;
+    let mut highest: Option<ScalarValue> = None;
+    for b in rows {
+        let (Ok(action), Ok(sequence)) = (
+            b.schema().index_of(CDC_ACTION),
+            b.schema().index_of(CDC_SEQUENCE),
+        ) else {
+            continue;
+        };
+        let action = b
+            .column(action)
+            .as_primitive::<arrow::datatypes::Int8Type>();
+        for i in 0..b.num_rows() {
+            if action.is_valid(i) && action.value(i) == 3 {
+                let v = ScalarValue::try_from_array(b.column(sequence), i)
+                    .map_err(|e| Error::Corrupt(format!("an AUTO CDC truncate: {e}")))?;
+                if highest
+                    .as_ref()
+                    .is_none_or(|h| v.partial_cmp(h) == Some(std::cmp::Ordering::Greater))
+                {
+                    highest = Some(v);
+                }
+            }
+        }
+    }
+    Ok(highest)
 }
 
 fn column_names(schema: &SchemaRef) -> String {
@@ -435,6 +633,10 @@ impl Sink for DeltaSink {
                 "userMetadata".to_string(),
                 serde_json::Value::from(m.clone()),
             )]);
+        }
+        if !self.options.merge_keys.is_empty() && !rows.is_empty() {
+            *table = self.merge(table, rows, props).await?;
+            return Ok(());
         }
         if rows.is_empty() {
             if save_mode == SaveMode::Append {
