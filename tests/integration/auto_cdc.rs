@@ -323,3 +323,136 @@ fn the_seed_walkthrough_keeps_customers_equal_to_an_scd1_model_of_all_its_change
     assert!(log.len() >= 3, "{log:?}");
     assert!(log.iter().all(|t| t.contains("\"txn\"")), "{log:?}");
 }
+
+#[test]
+fn an_auto_cdc_flow_killed_at_any_stage_loses_and_applies_no_change_twice() {
+    let stages = [
+        "after_wal",
+        "after_get_batch",
+        "state_committed",
+        "after_sink",
+        "after_commit",
+    ];
+    for stage in stages {
+        let dir = tempfile::tempdir().unwrap();
+        let changes = dir.path().join("changes");
+        land(&changes, "a", &FIRST, jan());
+        land(&changes, "b", &SECOND, jan());
+        // One file per batch: three batches, the kill in the second.
+        let project = project(
+            dir.path(),
+            &seed_sql(&changes, true, ", maxFilesPerTrigger => 1"),
+        );
+        let spec = project.join("weir-pipeline.yml");
+        support::kill_at(
+            &["pipeline", "run", "--spec", spec.to_str().unwrap()],
+            stage,
+            1,
+            &[],
+        );
+        let (ok, stderr) = update(&project, &[]);
+        assert!(ok, "{stage}: {stderr}");
+        let mut input = snapshot_changes();
+        input.extend(FIRST.concat());
+        input.extend(SECOND.concat());
+        assert_eq!(customers(&project), scd1_model(&input), "{stage}: {stderr}");
+        // The state the flow keeps is readable offline, one row per key it has seen.
+        let checkpoint = project.join("store/_checkpoints/customers/customers_incremental_flow");
+        let keys = rows(
+            &project,
+            "customers",
+            &format!(
+                "SELECT count(*) FROM read_state('{}', operatorId => 0)",
+                checkpoint.display()
+            ),
+        );
+        assert_eq!(
+            keys,
+            ["3"],
+            "{stage}: keys 1 (7), 3 (5) and 7 (6): the truncate at 4 took the keys below it"
+        );
+    }
+}
+
+/// Databricks' SCD 2 example input ([D1]): id, name, city, operation, sequence.
+const DOCS: [&[Change]; 2] = [
+    &[
+        (Some(124), "Raul", "Oaxaca", "INSERT", 1),
+        (Some(123), "Isabel", "Monterrey", "INSERT", 1),
+        (Some(125), "Mercedes", "Tijuana", "INSERT", 2),
+        (Some(126), "Lily", "Cancun", "INSERT", 2),
+    ],
+    &[
+        (Some(123), "", "", "DELETE", 6),
+        (Some(125), "Mercedes", "Guadalajara", "UPDATE", 6),
+        (Some(125), "Mercedes", "Mexicali", "UPDATE", 5),
+        (Some(123), "Isabel", "Chihuahua", "UPDATE", 5),
+    ],
+];
+
+#[test]
+fn scd2_tables_hold_the_docs_history_with_every_column_or_only_some_tracked() {
+    let dir = tempfile::tempdir().unwrap();
+    let changes = dir.path().join("changes");
+    land(&changes, "a", &DOCS, jan());
+    let flow = |name: &str, track: &str| {
+        format!(
+            "CREATE STREAMING TABLE {name};
+CREATE FLOW {name}_flow AS AUTO CDC INTO {name} FROM STREAM(changes)
+KEYS (customer_id) APPLY AS DELETE WHEN operation = 'DELETE' SEQUENCE BY sequencenum
+COLUMNS * EXCEPT (operation, sequencenum) STORED AS SCD TYPE 2 {track};
+"
+        )
+    };
+    let sql = format!(
+        "CREATE TEMPORARY VIEW changes AS SELECT * FROM STREAM read_files('{}', format => 'json', \
+         schema => '{SCHEMA}', maxFilesPerTrigger => 1);
+{}{}",
+        changes.display(),
+        flow("history", ""),
+        flow("by_name", "TRACK HISTORY ON * EXCEPT (city)"),
+    );
+    let project = project(dir.path(), &sql);
+    let (ok, stderr) = update(&project, &[]);
+    assert!(ok, "{stderr}");
+    let history = |table: &str| {
+        rows(
+            &project,
+            table,
+            &format!(
+                "SELECT customer_id, name, city, \"__START_AT\", \"__END_AT\" FROM {table} \
+                 ORDER BY customer_id, \"__START_AT\""
+            ),
+        )
+    };
+    // [D1]'s published SCD 2 table: the late Mexicali (5) is put between Tijuana and
+    // Guadalajara, and Isabel's delete at 6 closes her Chihuahua version.
+    assert_eq!(
+        history("history"),
+        [
+            "123,Isabel,Monterrey,1,5",
+            "123,Isabel,Chihuahua,5,6",
+            "124,Raul,Oaxaca,1,",
+            "125,Mercedes,Tijuana,2,5",
+            "125,Mercedes,Mexicali,5,6",
+            "125,Mercedes,Guadalajara,6,",
+            "126,Lily,Cancun,2,"
+        ]
+    );
+    // Changes of the untracked city update the version in place.
+    assert_eq!(
+        history("by_name"),
+        [
+            "123,Isabel,Chihuahua,1,6",
+            "124,Raul,Oaxaca,1,",
+            "125,Mercedes,Guadalajara,2,",
+            "126,Lily,Cancun,2,"
+        ]
+    );
+    // Sent again, the same changes change nothing.
+    land(&changes, "again", &DOCS, jan());
+    let (ok, stderr) = update(&project, &[]);
+    assert!(ok, "{stderr}");
+    assert_eq!(history("history").len(), 7);
+    assert_eq!(history("by_name").len(), 4);
+}
