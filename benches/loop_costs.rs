@@ -135,6 +135,7 @@ fn progress(batch: u64) -> StreamingQueryProgress {
         sink: SinkProgress {
             description: "NoopSink".into(),
             num_output_rows: 500_000,
+            metrics: Default::default(),
         },
     }
 }

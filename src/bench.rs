@@ -78,6 +78,9 @@ pub struct BenchReport {
     /// at, in the same run (the broker's and client's ceiling).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub baseline_consumer_rows_per_sec: Option<f64>,
+    /// The AUTO CDC workloads: each batch's MERGE and Delta commit.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub merge: Option<MergeFigures>,
 }
 
 /// The state figures of a bench run.
@@ -191,7 +194,9 @@ fn workload_sql(cfg: &BenchConfig, input: &Input) -> Result<String> {
                  watermarks and a time range; run it with --rows-per-batch 100000 as Spark's), \
                  kafka (Kafka source into noop; records produced first), files (Parquet files \
                  into GROUP BY, update mode; files written first), files-delta (the same \
-                 aggregation into a Delta table, complete mode)."
+                 aggregation into a Delta table, complete mode), cdc-scd1 and cdc-scd2 (AUTO \
+                 CDC of 1,000,000 keys into a Delta table, one change in ten late; the first \
+                 1,000,000 rows insert the keys, so warm up with that many)."
             ),
         )),
     }
@@ -274,6 +279,11 @@ impl Input {
 
 /// Runs a workload into the noop sink with a temporary checkpoint.
 pub async fn run_bench(cfg: &BenchConfig) -> Result<BenchReport> {
+    match cfg.workload.to_ascii_lowercase().as_str() {
+        "cdc-scd1" => return run_cdc(cfg, 1).await,
+        "cdc-scd2" => return run_cdc(cfg, 2).await,
+        _ => {}
+    }
     let scratch = std::env::temp_dir().join(format!("weir-bench-in-{}", uuid::Uuid::new_v4()));
     let input = Input::prepare(cfg, &scratch).await;
     let report = match input {
@@ -316,6 +326,11 @@ async fn run_prepared(cfg: &BenchConfig, input: &Input) -> Result<BenchReport> {
         .lock()
         .map(|mut p| std::mem::take(&mut *p))
         .unwrap_or_default();
+    Ok(summarize(cfg, &progress, input))
+}
+
+/// The report of a run from its progress records.
+fn summarize(cfg: &BenchConfig, progress: &[StreamingQueryProgress], input: &Input) -> BenchReport {
     let measured: Vec<&StreamingQueryProgress> =
         progress.iter().skip(cfg.warmup as usize).collect();
     let trig = |p: &StreamingQueryProgress| {
@@ -365,7 +380,7 @@ async fn run_prepared(cfg: &BenchConfig, input: &Input) -> Result<BenchReport> {
                 .filter_map(|o| o.custom_metrics.get("rocksdbFilesCopied"))
                 .sum(),
         });
-    Ok(BenchReport {
+    BenchReport {
         workload: cfg.workload.clone(),
         rows_per_batch: cfg.rows_per_batch,
         partitions: cfg.partitions,
@@ -383,7 +398,167 @@ async fn run_prepared(cfg: &BenchConfig, input: &Input) -> Result<BenchReport> {
             Input::Kafka(k) => Some(k.baseline_rows_per_sec),
             _ => None,
         },
+        merge: None,
+    }
+}
+
+/// How many keys the AUTO CDC workloads change.
+const CDC_KEYS: u64 = 1_000_000;
+
+/// `cdc-scd1` / `cdc-scd2`: change records from `rate-micro-batch` (key `value * 7919 mod
+/// 1,000,000`, so the first million rows insert every key once and later ones update them;
+/// one change in ten arrives late, with a sequence older than the key's stored one) through
+/// AUTO CDC into a Delta table, each batch one MERGE. Reports each measured batch's MERGE time
+/// (`addBatch`) and the size of its Delta commit.
+async fn run_cdc(cfg: &BenchConfig, scd_type: u8) -> Result<BenchReport> {
+    let scratch = std::env::temp_dir().join(format!("weir-bench-cdc-{}", uuid::Uuid::new_v4()));
+    let result = run_cdc_in(cfg, scd_type, &scratch).await;
+    let _ = std::fs::remove_dir_all(&scratch);
+    result
+}
+
+async fn run_cdc_in(
+    cfg: &BenchConfig,
+    scd_type: u8,
+    scratch: &std::path::Path,
+) -> Result<BenchReport> {
+    use weir_planner::auto_cdc::{AutoCdcOptions, DEFAULT_TOMBSTONE_TTL_MS, auto_cdc};
+    use weir_planner::pipeline::ColumnSelection;
+    let session = WeirSession::with_config(
+        SessionConfig::new().with_target_partitions(cfg.partitions.max(1)),
+    );
+    let changes = format!(
+        "SELECT (value * 7919) % {CDC_KEYS} AS id, value AS v, value % 97 AS w, \
+         CASE WHEN value % 10 = 5 THEN value - {late} ELSE value END AS __weir_cdc_sequence, \
+         false AS __weir_cdc_delete, false AS __weir_cdc_truncate \
+         FROM STREAM(rate_micro_batch(rowsPerBatch => {}, numPartitions => {}))",
+        cfg.rows_per_batch,
+        cfg.partitions,
+        late = CDC_KEYS + 1
+    );
+    let plan = session.plan_sql(&changes).await?;
+    let plan = auto_cdc(
+        plan,
+        &AutoCdcOptions {
+            keys: vec!["id".into()],
+            columns: ColumnSelection::All,
+            scd_type,
+            track_history: ColumnSelection::All,
+            truncates: false,
+            tombstone_ttl_ms: DEFAULT_TOMBSTONE_TTL_MS,
+        },
+    )
+    .map_err(Error::User)?;
+    let table = scratch.join("target");
+    let df = datafusion::dataframe::DataFrame::new(session.context().state(), plan);
+    let collected = Arc::new(Collector::default());
+    let collector: Arc<dyn StreamingQueryListener> = Arc::clone(&collected) as _;
+    session.streams().add_listener(Arc::clone(&collector));
+    let q = session
+        .write_stream(df)
+        .format("delta")
+        .option("path", table.display())
+        .option("weir.autoCdc.keys", "id")
+        .checkpoint_location(scratch.join("checkpoint").display().to_string())
+        .max_batches(cfg.warmup + cfg.batches)
+        .start()
+        .await?;
+    q.await_termination()
+        .await
+        .map_err(|e| Error::Internal(e.to_string()))?;
+    session.streams().flush_listeners().await;
+    session.streams().remove_listener(&collector);
+    let progress = collected
+        .0
+        .lock()
+        .map(|mut p| std::mem::take(&mut *p))
+        .unwrap_or_default();
+    let mut report = summarize(cfg, &progress, &Input::Rate);
+    report.merge = Some(merge_figures(&table, &progress, cfg.warmup as usize)?);
+    Ok(report)
+}
+
+/// The MERGE time and Delta commit of each measured batch, from the progress records and the
+/// table's log (the commits carrying the batches' `txn`).
+fn merge_figures(
+    table: &std::path::Path,
+    progress: &[StreamingQueryProgress],
+    warmup: usize,
+) -> Result<MergeFigures> {
+    let measured = &progress[warmup.min(progress.len())..];
+    let merge_ms = stats(
+        measured
+            .iter()
+            .map(|p| {
+                p.sink
+                    .metrics
+                    .get("executionTimeMs")
+                    .and_then(|v| v.parse().ok())
+                    .unwrap_or(0.0)
+            })
+            .collect(),
+    );
+    let mut commits = vec![];
+    let log = table.join("_delta_log");
+    for entry in std::fs::read_dir(&log)
+        .map_err(|e| Error::Internal(format!("read {}: {e}", log.display())))?
+        .flatten()
+    {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let Some(version) = name
+            .strip_suffix(".json")
+            .and_then(|v| v.parse::<u64>().ok())
+        else {
+            continue;
+        };
+        let text = std::fs::read_to_string(entry.path()).unwrap_or_default();
+        let (mut added, mut removed, mut bytes, mut batch) = (0u64, 0u64, 0u64, None);
+        for line in text.lines() {
+            let Ok(action) = serde_json::from_str::<serde_json::Value>(line) else {
+                continue;
+            };
+            if let Some(a) = action.get("add") {
+                added += 1;
+                bytes += a.get("size").and_then(|s| s.as_u64()).unwrap_or(0);
+            }
+            if action.get("remove").is_some() {
+                removed += 1;
+            }
+            if let Some(t) = action.get("txn") {
+                batch = t.get("version").and_then(|v| v.as_u64());
+            }
+        }
+        commits.push((version, batch, added, removed, bytes));
+    }
+    let first_measured = warmup as u64;
+    let of_measured: Vec<_> = commits
+        .iter()
+        .filter(|c| c.1.is_some_and(|b| b >= first_measured))
+        .collect();
+    let total_bytes: u64 = commits.iter().map(|c| c.4).sum();
+    Ok(MergeFigures {
+        merge_ms,
+        files_added: stats(of_measured.iter().map(|c| c.2 as f64).collect()).median,
+        files_removed: stats(of_measured.iter().map(|c| c.3 as f64).collect()).median,
+        bytes_added: stats(of_measured.iter().map(|c| c.4 as f64).collect()).median,
+        table_bytes_written: total_bytes,
     })
+}
+
+/// The AUTO CDC workloads' MERGE figures over the measured batches.
+#[derive(Debug, Clone, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct MergeFigures {
+    /// Time spent in each batch's MERGE, commit included (the sink's `executionTimeMs`), ms.
+    pub merge_ms: Stats,
+    /// Median files each batch's commit added.
+    pub files_added: f64,
+    /// Median files each batch's commit removed (rewritten).
+    pub files_removed: f64,
+    /// Median bytes each batch's commit added.
+    pub bytes_added: f64,
+    /// Bytes of every file the run's commits added, warm-up included.
+    pub table_bytes_written: u64,
 }
 
 /// Keeps every progress record of the bench's only query.
@@ -419,6 +594,17 @@ impl BenchReport {
         }
         if let Some(b) = self.baseline_consumer_rows_per_sec {
             s += &format!("baseline: a bare librdkafka consumer, rows/s {b:>14.0}\n");
+        }
+        if let Some(m) = &self.merge {
+            s += &format!(
+                "MERGE ms  median {:.1}  p99 {:.1}\nDelta commit per batch (median): \
+                 {:.0} files added, {:.0} removed, {:.1} MB added\n",
+                m.merge_ms.median,
+                m.merge_ms.p99,
+                m.files_added,
+                m.files_removed,
+                m.bytes_added / 1e6
+            );
         }
         if let Some(st) = &self.state {
             s += &format!(

@@ -209,11 +209,12 @@ enum Command {
         #[arg(long)]
         progress: Option<String>,
     },
-    /// Run a named benchmark workload (into the noop sink, but files-delta).
+    /// Run a named benchmark workload (into the noop sink, but files-delta and cdc-*).
     Bench {
         /// Workload: q1 (stateless), q2 (aggregation), q3 (windows), q4 (dedupe), q5 (join),
         /// kafka (Kafka source), files (Parquet files, aggregation), files-delta (the same into
-        /// a Delta table, complete mode).
+        /// a Delta table, complete mode), cdc-scd1 / cdc-scd2 (AUTO CDC of 1,000,000 keys into
+        /// a Delta table, one change in ten late: warm up with 1,000,000 rows).
         #[arg(long, default_value = "q1")]
         workload: String,
         /// Measured batches.

@@ -161,6 +161,11 @@ pub trait Sink: Debug + Send + Sync {
         batches: Vec<RecordBatch>,
     ) -> Result<()>;
 
+    /// The sink's figures for the batch it last wrote (the progress record's `sink.metrics`).
+    fn batch_metrics(&self) -> std::collections::BTreeMap<String, String> {
+        Default::default()
+    }
+
     /// How batch SQL reads back what the sink wrote, when it can: the session registers a table
     /// for it (under the query's name, or the memory sink's own).
     fn read_back(&self) -> Option<ReadBack> {

@@ -673,6 +673,7 @@ impl Execution {
             sink: SinkProgress {
                 description: self.sink.description(),
                 num_output_rows: output_rows as i64,
+                metrics: self.sink.batch_metrics(),
             },
         };
         debug!(batch, rows = total, ms = ms(trigger_ms), "batch committed");
@@ -732,6 +733,7 @@ impl Execution {
             sink: SinkProgress {
                 description: self.sink.description(),
                 num_output_rows: -1,
+                metrics: Default::default(),
             },
         }
     }

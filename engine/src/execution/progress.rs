@@ -120,6 +120,10 @@ pub struct SinkProgress {
     pub description: String,
     /// Rows written by this batch.
     pub num_output_rows: i64,
+    /// The sink's own figures for the batch, as Spark's (`metrics`; e.g. an AUTO CDC flow's
+    /// MERGE: `executionTimeMs`, `numTargetFilesAdded`, ...). Left out when it has none.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub metrics: BTreeMap<String, String>,
 }
 
 impl StreamingQueryProgress {
@@ -165,6 +169,7 @@ mod tests {
             sink: SinkProgress {
                 description: "NoopSink".into(),
                 num_output_rows: 50,
+                metrics: BTreeMap::new(),
             },
         };
         let v: serde_json::Value = serde_json::from_str(&p.json()).unwrap();

@@ -475,6 +475,23 @@ impl Sink for DeltaSink {
         Some(self.url.to_string())
     }
 
+    /// An AUTO CDC batch's MERGE, under Delta's operation metric names.
+    fn batch_metrics(&self) -> std::collections::BTreeMap<String, String> {
+        let Some(m) = self.last_merge() else {
+            return Default::default();
+        };
+        [
+            ("executionTimeMs", m.merge_ms),
+            ("numSourceRows", m.source_rows),
+            ("numTargetFilesAdded", m.files_added),
+            ("numTargetFilesRemoved", m.files_removed),
+            ("numOutputRows", m.rows_written),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
+    }
+
     fn is_idempotent(&self) -> bool {
         true
     }
@@ -600,6 +617,9 @@ impl Sink for DeltaSink {
         schema: SchemaRef,
         batches: Vec<RecordBatch>,
     ) -> Result<()> {
+        if let Ok(mut last) = self.last_merge.lock() {
+            *last = None;
+        }
         let mut opened = self.opened.lock().await;
         let Some((app_id, table)) = opened.as_mut() else {
             return Err(Error::Corrupt("the delta sink was not opened".into()));
