@@ -10,8 +10,10 @@
 //!                   (another flow failed)
 //! ```
 //!
-//! The update's events are written in one commit when it ends, carrying the update's id as the
-//! Delta transaction, so writing them again after a crash adds nothing.
+//! The events are written as the update goes: at each [`UpdateEvents::flush`] (when the update
+//! starts running, after each stage, when it ends) the events since the last one are one
+//! commit, carrying the update's id and the flush's number as the Delta transaction, so a
+//! killed update leaves the events up to its last flush.
 
 use std::sync::Arc;
 
@@ -48,6 +50,10 @@ pub struct UpdateEvents {
     storage: String,
     update_id: String,
     events: Vec<Event>,
+    /// How many of `events` are in the event log.
+    written: usize,
+    /// How many flushes wrote.
+    flushes: u64,
 }
 
 fn now_us() -> i64 {
@@ -65,6 +71,8 @@ impl UpdateEvents {
             storage: storage.to_string(),
             update_id: uuid::Uuid::new_v4().to_string(),
             events: vec![],
+            written: 0,
+            flushes: 0,
         }
     }
 
@@ -115,14 +123,17 @@ impl UpdateEvents {
         });
     }
 
-    /// Appends the update's events to the event log, in one commit.
-    pub async fn write(&self) -> Result<(), Error> {
+    /// Appends the events recorded since the last flush to the event log, in one commit.
+    pub async fn flush(&mut self) -> Result<(), Error> {
+        if self.written == self.events.len() {
+            return Ok(());
+        }
         let schema = weir_engine::event_log::schema();
-        let n = self.events.len();
+        let new = &self.events[self.written..];
+        let n = new.len();
+        let first = self.written as i64;
         let strings = |f: &dyn Fn(&Event) -> Option<String>| -> ArrayRef {
-            Arc::new(StringArray::from(
-                self.events.iter().map(f).collect::<Vec<_>>(),
-            ))
+            Arc::new(StringArray::from(new.iter().map(f).collect::<Vec<_>>()))
         };
         let columns: Vec<ArrayRef> = vec![
             Arc::new(StringArray::from(
@@ -130,9 +141,9 @@ impl UpdateEvents {
                     .map(|_| uuid::Uuid::new_v4().to_string())
                     .collect::<Vec<_>>(),
             )),
-            Arc::new(Int64Array::from_iter_values(0..n as i64)),
+            Arc::new(Int64Array::from_iter_values(first..first + n as i64)),
             Arc::new(
-                TimestampMicrosecondArray::from_iter_values(self.events.iter().map(|e| e.time_us))
+                TimestampMicrosecondArray::from_iter_values(new.iter().map(|e| e.time_us))
                     .with_timezone("UTC"),
             ),
             strings(&|_| Some(self.pipeline.clone())),
@@ -153,7 +164,9 @@ impl UpdateEvents {
             OutputMode::Append,
         )?;
         sink.open(&self.update_id).await?;
-        sink.add_batch(0, schema, vec![batch]).await?;
+        sink.add_batch(self.flushes, schema, vec![batch]).await?;
+        self.written = self.events.len();
+        self.flushes += 1;
         Ok(())
     }
 }

@@ -370,7 +370,7 @@ pub async fn run_update_until(
         level_message,
         json!({ "update_progress": { "state": state } }),
     );
-    events.write().await?;
+    events.flush().await?;
     result
 }
 
@@ -434,6 +434,7 @@ async fn run_selected(
         "Update is RUNNING.".into(),
         json!({ "update_progress": { "state": "RUNNING" } }),
     );
+    events.flush().await?;
     let session = session_for(spec)?;
     for k in reset {
         reset_dataset(&layout, &graph.datasets[k]).await?;
@@ -535,6 +536,7 @@ async fn run_selected(
                 .register_delta_table(&d.name, &layout.table(d), &Options::new())
                 .await;
         }
+        events.flush().await?;
     }
     Ok(outcomes)
 }

@@ -404,6 +404,20 @@ fn an_update_killed_inside_a_flow_loses_and_doubles_nothing_when_run_again() {
             0,
             &[],
         );
+        // The killed update's events up to its start are in the event log: it reads RUNNING.
+        let rt = tokio::runtime::Runtime::new().unwrap();
+        let progress = rt.block_on(async {
+            let storage = project.join("store").display().to_string();
+            support::text_rows(
+                &weir::WeirSession::new(),
+                &format!(
+                    "SELECT count(DISTINCT update_id), string_agg(message, ' | ') \
+                     FROM event_log('{storage}') WHERE event_type = 'update_progress'"
+                ),
+            )
+            .await
+        });
+        assert_eq!(progress, ["1,Update is RUNNING."], "{stage}");
         for _ in 0..2 {
             let (ok, stderr) = update(&project);
             assert!(ok, "{stage}: {stderr}");
