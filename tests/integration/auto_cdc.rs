@@ -456,3 +456,157 @@ COLUMNS * EXCEPT (operation, sequencenum) STORED AS SCD TYPE 2 {track};
     assert_eq!(history("history").len(), 7);
     assert_eq!(history("by_name").len(), 4);
 }
+
+/// A tiny deterministic generator (xorshift).
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self, n: u64) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0 % n
+    }
+}
+
+/// Random changes of keys 0..20: unique sequences per key (so no two different changes share
+/// one), about 10 % deletes, some truncates (`truncates`), shuffled so that many arrive out of
+/// order, one in ten sent twice; cut into `files` files.
+fn random_changes(rng: &mut Rng, n: usize, truncates: bool, files: usize) -> Vec<Vec<Change>> {
+    const NAMES: [&str; 3] = ["Ana", "Ben", "Cy"];
+    const CITIES: [&str; 2] = ["Rome", "Oslo"];
+    let mut changes: Vec<Change> = vec![];
+    let mut next = 0i64;
+    for _ in 0..n {
+        // Sequences are global and rising, with gaps, so late changes land between others.
+        next += 1 + rng.next(3) as i64;
+        let k = rng.next(20) as i64;
+        changes.push(match rng.next(30) {
+            0..=2 => (Some(k), "", "", "DELETE", next),
+            3 if truncates => (None, "", "", "TRUNCATE", next),
+            _ => (
+                Some(k),
+                NAMES[rng.next(3) as usize],
+                CITIES[rng.next(2) as usize],
+                "UPSERT",
+                next,
+            ),
+        });
+    }
+    for i in 0..changes.len() {
+        if rng.next(3) == 0 {
+            let j = (i + 1 + rng.next(15) as usize).min(changes.len() - 1);
+            changes.swap(i, j);
+        }
+    }
+    let mut sent = vec![];
+    for c in changes {
+        sent.push(c);
+        if rng.next(10) == 0 {
+            sent.push(c);
+        }
+    }
+    let per_file = sent.len().div_ceil(files);
+    sent.chunks(per_file).map(|c| c.to_vec()).collect()
+}
+
+/// SCD 2's model: per key its changes in sequence order; runs of upserts with equal values
+/// are one version from the first, a delete ends the open one. Rows `id,name,city,start,end`.
+fn scd2_model(changes: &[Change]) -> Vec<String> {
+    let mut by_key: BTreeMap<i64, BTreeMap<i64, &Change>> = BTreeMap::new();
+    for c in changes {
+        by_key.entry(c.0.unwrap()).or_default().insert(c.4, c);
+    }
+    let mut out = vec![];
+    for (k, changes) in by_key {
+        let mut open: Option<(i64, &Change)> = None;
+        for (&s, c) in &changes {
+            if let Some((start, first)) = open {
+                if c.3 != "DELETE" && (c.1, c.2) == (first.1, first.2) {
+                    continue;
+                }
+                out.push(format!("{k},{},{},{start},{s}", first.1, first.2));
+                open = None;
+            }
+            if c.3 != "DELETE" {
+                open = Some((s, c));
+            }
+        }
+        if let Some((start, first)) = open {
+            out.push(format!("{k},{},{},{start},", first.1, first.2));
+        }
+    }
+    out
+}
+
+#[test]
+fn random_change_streams_through_delta_equal_the_scd1_and_scd2_models() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut rng = Rng(0x05ee_dcdc);
+    let scd1 = random_changes(&mut rng, 160, true, 6);
+    let scd2 = random_changes(&mut rng, 120, false, 6);
+    let (one, two) = (dir.path().join("one"), dir.path().join("two"));
+    let source = |name: &str, path: &Path| {
+        format!(
+            "CREATE TEMPORARY VIEW {name} AS SELECT * FROM STREAM read_files('{}', format => \
+             'json', schema => '{SCHEMA}', maxFilesPerTrigger => 1);\n",
+            path.display()
+        )
+    };
+    let sql = format!(
+        "{}{}CREATE STREAMING TABLE t1;
+CREATE FLOW f1 AS AUTO CDC INTO t1 FROM STREAM(c1) KEYS (customer_id)
+APPLY AS DELETE WHEN operation = 'DELETE' APPLY AS TRUNCATE WHEN operation = 'TRUNCATE'
+SEQUENCE BY sequencenum COLUMNS * EXCEPT (operation, sequencenum);
+CREATE STREAMING TABLE t2;
+CREATE FLOW f2 AS AUTO CDC INTO t2 FROM STREAM(c2) KEYS (customer_id)
+APPLY AS DELETE WHEN operation = 'DELETE' SEQUENCE BY sequencenum
+COLUMNS * EXCEPT (operation, sequencenum) STORED AS SCD TYPE 2;
+",
+        source("c1", &one),
+        source("c2", &two)
+    );
+    let project = project(dir.path(), &sql);
+    // Two updates of three files (three batches) each.
+    for half in [0..3, 3..6] {
+        fn files(all: &[Vec<Change>], half: std::ops::Range<usize>) -> Vec<&[Change]> {
+            all[half].iter().map(Vec::as_slice).collect()
+        }
+        land(
+            &one,
+            &format!("u{}", half.start),
+            &files(&scd1, half.clone()),
+            jan(),
+        );
+        land(
+            &two,
+            &format!("u{}", half.start),
+            &files(&scd2, half.clone()),
+            jan(),
+        );
+        let (ok, stderr) = update(&project, &[]);
+        assert!(ok, "{stderr}");
+        let sent = |all: &[Vec<Change>]| all[..half.end].concat();
+        assert_eq!(
+            rows(
+                &project,
+                "t1",
+                "SELECT customer_id, name, city FROM t1 ORDER BY customer_id"
+            ),
+            scd1_model(&sent(&scd1)),
+            "SCD 1 after {} files",
+            half.end
+        );
+        assert_eq!(
+            rows(
+                &project,
+                "t2",
+                "SELECT customer_id, name, city, \"__START_AT\", \"__END_AT\" FROM t2 \
+                 ORDER BY customer_id, \"__START_AT\""
+            ),
+            scd2_model(&sent(&scd2)),
+            "SCD 2 after {} files",
+            half.end
+        );
+    }
+}
