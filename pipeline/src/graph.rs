@@ -23,6 +23,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
 use weir_common::ClassifiedError;
+use weir_planner::auto_cdc::auto_cdc_input;
 use weir_planner::pipeline::{
     CreateAutoCdcFlow, PipelineStatement, TimeTravel, dataset_reads, parse_pipeline_script,
 };
@@ -94,7 +95,7 @@ pub struct Flow {
     /// The earlier table versions it reads (`VERSION AS OF`, `TIMESTAMP AS OF`).
     pub time_travel: Vec<TimeTravel>,
     /// An AUTO CDC flow's statement: `query` then reads its source with the sequence, delete
-    /// and truncate columns AUTO CDC works from ([`auto_cdc_input`]).
+    /// and truncate columns AUTO CDC works from (`weir_planner::auto_cdc::auto_cdc_input`).
     pub auto_cdc: Option<CreateAutoCdcFlow>,
 }
 
@@ -116,24 +117,6 @@ fn streamed_name(source: &str) -> Option<String> {
             .chars()
             .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '.');
     plain.then(|| rest.to_string())
-}
-
-/// The query an AUTO CDC flow reads its changes with: the source's columns, then
-/// `__weir_cdc_sequence` (SEQUENCE BY), `__weir_cdc_delete` and `__weir_cdc_truncate` (the
-/// APPLY AS conditions, a null condition counting as false: R2).
-pub fn auto_cdc_input(f: &CreateAutoCdcFlow) -> String {
-    use weir_planner::auto_cdc::{DELETE, SEQUENCE, TRUNCATE};
-    let condition = |c: &Option<String>| match c {
-        Some(c) => format!("COALESCE(({c}), false)"),
-        None => "false".into(),
-    };
-    format!(
-        "SELECT *, ({}) AS {SEQUENCE}, {} AS {DELETE}, {} AS {TRUNCATE} FROM {}",
-        f.sequence_by,
-        condition(&f.delete_when),
-        condition(&f.truncate_when),
-        f.source
-    )
 }
 
 /// The pipeline's datasets and flows, checked.
@@ -222,16 +205,29 @@ impl Graph {
             for s in statements {
                 match s {
                     PipelineStatement::StreamingTable(t) => {
-                        let own = t.query.clone().map(|query| Flow {
-                            name: t.name.clone(),
-                            target: t.name.clone(),
-                            kind: FlowKind::Append,
-                            query,
-                            file: file.to_path_buf(),
-                            reads: BTreeSet::new(),
-                            time_travel: vec![],
-                            auto_cdc: None,
-                        });
+                        let own = match &t.auto_cdc {
+                            // DBSQL's `CREATE STREAMING TABLE t FLOW AUTO CDC ...`.
+                            Some(cdc) => Some(Flow {
+                                name: t.name.clone(),
+                                target: t.name.clone(),
+                                kind: FlowKind::Append,
+                                query: auto_cdc_input(cdc),
+                                file: file.to_path_buf(),
+                                reads: BTreeSet::new(),
+                                time_travel: vec![],
+                                auto_cdc: Some(cdc.as_ref().clone()),
+                            }),
+                            None => t.query.clone().map(|query| Flow {
+                                name: t.name.clone(),
+                                target: t.name.clone(),
+                                kind: FlowKind::Append,
+                                query,
+                                file: file.to_path_buf(),
+                                reads: BTreeSet::new(),
+                                time_travel: vec![],
+                                auto_cdc: None,
+                            }),
+                        };
                         let table = Dataset {
                             name: t.name.clone(),
                             kind: DatasetKind::StreamingTable,
@@ -722,6 +718,19 @@ mod tests {
         .unwrap();
         assert_eq!(graph.flows[0].kind, FlowKind::Append);
         assert_eq!(graph.flows[1].kind, FlowKind::Once);
+        // DBSQL's form: the table's own flow, named after it.
+        let dbsql = Graph::from_sources(&[(
+            Path::new("cdc.sql"),
+            "CREATE STREAMING TABLE customers FLOW AUTO CDC FROM STREAM cdc KEYS (id)
+             SEQUENCE BY seq STORED AS SCD TYPE 2;",
+        )])
+        .unwrap();
+        assert_eq!(dbsql.flows.len(), 1);
+        assert_eq!(dbsql.flows[0].name, "customers");
+        assert_eq!(
+            dbsql.flows[0].auto_cdc.as_ref().map(|c| c.scd_type),
+            Some(2)
+        );
         assert_eq!(
             graph.flows[0].query,
             "SELECT *, (seq) AS __weir_cdc_sequence, COALESCE((op = 'DELETE'), false) AS \

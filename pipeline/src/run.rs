@@ -237,14 +237,7 @@ pub(crate) async fn flow_plan(
         .map_or(weir_planner::auto_cdc::DEFAULT_TOMBSTONE_TTL_MS, |s| {
             s.tombstone_ttl_ms
         });
-    let options = weir_planner::auto_cdc::AutoCdcOptions {
-        keys: cdc.keys.clone(),
-        columns: cdc.columns.clone(),
-        scd_type: cdc.scd_type,
-        track_history: cdc.track_history.clone(),
-        truncates: cdc.truncate_when.is_some(),
-        tombstone_ttl_ms,
-    };
+    let options = weir_planner::auto_cdc::AutoCdcOptions::of(cdc, tombstone_ttl_ms);
     weir_planner::auto_cdc::auto_cdc(plan, &options).map_err(|e| {
         Error::from(ClassifiedError {
             message: format!("Flow '{}': {}", flow.name, e.message),

@@ -77,6 +77,37 @@ pub struct AutoCdcOptions {
     pub tombstone_ttl_ms: i64,
 }
 
+/// The query an AUTO CDC flow reads its changes with: the source's columns, then
+/// `__weir_cdc_sequence` (SEQUENCE BY), `__weir_cdc_delete` and `__weir_cdc_truncate` (the
+/// APPLY AS conditions, a null condition counting as false: R2).
+pub fn auto_cdc_input(f: &crate::pipeline::CreateAutoCdcFlow) -> String {
+    let condition = |c: &Option<String>| match c {
+        Some(c) => format!("COALESCE(({c}), false)"),
+        None => "false".into(),
+    };
+    format!(
+        "SELECT *, ({}) AS {SEQUENCE}, {} AS {DELETE}, {} AS {TRUNCATE} FROM {}",
+        f.sequence_by,
+        condition(&f.delete_when),
+        condition(&f.truncate_when),
+        f.source
+    )
+}
+
+impl AutoCdcOptions {
+    /// What flow `f` asks for, deletes remembered for `tombstone_ttl_ms`.
+    pub fn of(f: &crate::pipeline::CreateAutoCdcFlow, tombstone_ttl_ms: i64) -> Self {
+        Self {
+            keys: f.keys.clone(),
+            columns: f.columns.clone(),
+            scd_type: f.scd_type,
+            track_history: f.track_history.clone(),
+            truncates: f.truncate_when.is_some(),
+            tombstone_ttl_ms,
+        }
+    }
+}
+
 /// The stream of changes `input` applied to a keyed table (see the module's documentation).
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct AutoCdcNode {

@@ -213,12 +213,14 @@ fn invalid_auto_cdc(message: String) -> ClassifiedError {
 }
 
 /// Parses the part of `CREATE FLOW name AS AUTO CDC` from significant token `k` (just after
-/// `CDC`) on.
-fn parse_auto_cdc(
+/// `CDC`) on; with `into` (DBSQL's `CREATE STREAMING TABLE t FLOW AUTO CDC FROM ...`), the
+/// target is given and the part starts at FROM.
+pub(crate) fn parse_auto_cdc(
     tokens: &[Token],
     sig: &[usize],
     mut k: usize,
     name: String,
+    into: Option<String>,
 ) -> Result<CreateAutoCdcFlow, ClassifiedError> {
     let at = |k: usize| sig.get(k).map(|&i| &tokens[i]);
     let word = |k: usize, w: &str| at(k).is_some_and(|t| is_word(t, w));
@@ -231,15 +233,21 @@ fn parse_auto_cdc(
              (a, b)]"
         ))
     };
-    let once = word(k, "once");
+    let once = into.is_none() && word(k, "once");
     if once {
         k += 1;
     }
-    if !word(k, "into") {
-        return Err(form("INTO table is missing"));
-    }
-    let (target, next) = object_name(tokens, sig, k + 1)?;
-    k = next;
+    let target = match into {
+        Some(t) => t,
+        None => {
+            if !word(k, "into") {
+                return Err(form("INTO table is missing"));
+            }
+            let (target, next) = object_name(tokens, sig, k + 1)?;
+            k = next;
+            target
+        }
+    };
     if !word(k, "from") {
         return Err(form("FROM source is missing"));
     }
@@ -504,6 +512,7 @@ fn parse_one(tokens: Vec<Token>) -> Result<PipelineStatement, ClassifiedError> {
                 &sig,
                 k + 3,
                 name,
+                None,
             )?));
         }
         if !(word(k, "as") && word(k + 1, "insert") && word(k + 2, "into")) {

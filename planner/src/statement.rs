@@ -40,6 +40,9 @@ pub struct CreateStreamingTable {
     pub columns: Option<String>,
     /// `PARTITIONED BY (a, b)`; pipelines only.
     pub partitioned_by: Vec<String>,
+    /// `FLOW AUTO CDC FROM ... KEYS ... SEQUENCE BY ...` (DBSQL's form) instead of `AS query`:
+    /// the table is kept by AUTO CDC; its flow is named after it.
+    pub auto_cdc: Option<Box<crate::pipeline::CreateAutoCdcFlow>>,
 }
 
 /// One statement of a script.
@@ -422,6 +425,7 @@ pub(crate) fn parse_tokens(tokens: Vec<Token>) -> Result<Statement, ClassifiedEr
         query: None,
         columns: None,
         partitioned_by: vec![],
+        auto_cdc: None,
     };
     if at(k) == Some(&Token::LParen) {
         let (inner, next) = parenthesized(&tokens, &sig, k)?;
@@ -444,6 +448,16 @@ pub(crate) fn parse_tokens(tokens: Vec<Token>) -> Result<Statement, ClassifiedEr
                     ));
                 }
                 k = next;
+            }
+            Some(t) if is_word(t, "flow") && word(k + 1, "auto") && word(k + 2, "cdc") => {
+                stmt.auto_cdc = Some(Box::new(crate::pipeline::parse_auto_cdc(
+                    &tokens,
+                    &sig,
+                    k + 3,
+                    stmt.name.clone(),
+                    Some(stmt.name.clone()),
+                )?));
+                break;
             }
             Some(t) if is_word(t, "as") => {
                 let start = sig.get(k + 1).copied().unwrap_or(tokens.len());
@@ -484,7 +498,7 @@ pub(crate) fn parse_tokens(tokens: Vec<Token>) -> Result<Statement, ClassifiedEr
             Some(other) => {
                 return Err(syntax(format!(
                     "Unexpected '{other}' in CREATE STREAMING TABLE {}: expected USING, LOCATION, \
-                     OPTIONS or AS (and, in a pipeline, PARTITIONED BY).",
+                     OPTIONS, AS or FLOW AUTO CDC (and, in a pipeline, PARTITIONED BY).",
                     stmt.name
                 )));
             }

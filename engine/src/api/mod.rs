@@ -1201,7 +1201,16 @@ fn register_sink_table(
             }),
             Some(name),
         ) => {
-            let table = crate::delta_table::DeltaLatestTable::new(url, storage, Arc::clone(schema));
+            // An AUTO CDC flow's output leads with its action, which the table does not keep.
+            let schema = match schema.fields().first() {
+                Some(f) if f.name() == weir_planner::auto_cdc::ACTION => {
+                    Arc::new(arrow::datatypes::Schema::new(
+                        schema.fields().iter().skip(1).cloned().collect::<Vec<_>>(),
+                    ))
+                }
+                _ => Arc::clone(schema),
+            };
+            let table = crate::delta_table::DeltaLatestTable::new(url, storage, schema);
             let _ = ctx.deregister_table(name);
             ctx.register_table(name, Arc::new(table))?;
             let source = inner.catalog.create_source("delta", &source_options)?;

@@ -58,7 +58,16 @@ enum Mode {
     Replay(u64),
 }
 
-const RESERVED: &[&str] = &["checkpointLocation", "trigger", "outputMode", "queryName"];
+const RESERVED: &[&str] = &[
+    "checkpointLocation",
+    "trigger",
+    "outputMode",
+    "queryName",
+    TOMBSTONE_SETTING,
+];
+
+/// How long an AUTO CDC table remembers a delete (Databricks' table property).
+const TOMBSTONE_SETTING: &str = "pipelines.cdc.tombstoneGCThresholdInSeconds";
 
 impl WeirSession {
     /// Runs one statement with default settings.
@@ -146,6 +155,17 @@ impl WeirSession {
                         ),
                     ));
                 }
+                Statement::CreateStreamingTable(decl) if decl.auto_cdc.is_some() => {
+                    let (decl, plan) = self.auto_cdc_table(decl).await?;
+                    self.start_into(
+                        &decl,
+                        plan,
+                        opts,
+                        &mut started_with_shared_checkpoint,
+                        mode.clone(),
+                    )
+                    .await?
+                }
                 Statement::CreateStreamingTable(decl) => match &decl.query {
                     None => {
                         self.declare(decl)?;
@@ -203,6 +223,7 @@ impl WeirSession {
                             query: Some(sql),
                             columns: None,
                             partitioned_by: vec![],
+                            auto_cdc: None,
                         };
                         self.start_into(
                             &decl,
@@ -223,6 +244,80 @@ impl WeirSession {
             out.push(result);
         }
         Ok(out)
+    }
+
+    /// DBSQL's `CREATE STREAMING TABLE t LOCATION '...' FLOW AUTO CDC FROM src KEYS ...`: the
+    /// flow's plan (its changes through AUTO CDC) and the table as a Delta sink merging on the
+    /// keys.
+    async fn auto_cdc_table(
+        &self,
+        mut decl: CreateStreamingTable,
+    ) -> Result<(CreateStreamingTable, LogicalPlan)> {
+        let Some(cdc) = decl.auto_cdc.take() else {
+            return Err(Error::Internal("not an AUTO CDC table".into()));
+        };
+        let invalid = |message: String| Error::user("INVALID_AUTO_CDC_FLOW", "42K06", message);
+        if decl
+            .format
+            .as_deref()
+            .is_some_and(|f| !f.eq_ignore_ascii_case("delta"))
+        {
+            return Err(invalid(format!(
+                "Streaming table {} is kept by AUTO CDC, which merges into a Delta table: write \
+                 USING delta, or leave USING out.",
+                decl.name
+            )));
+        }
+        if decl.location.is_none() {
+            return Err(invalid(format!(
+                "Streaming table {} is kept by AUTO CDC into a Delta table: give its folder with \
+                 LOCATION '...'.",
+                decl.name
+            )));
+        }
+        if cdc.ignore_null_updates {
+            return Err(Error::user(
+                "UNSUPPORTED_FEATURE.AUTO_CDC_IGNORE_NULL_UPDATES",
+                "0A000",
+                format!(
+                    "Streaming table {} asks for IGNORE NULL UPDATES, which this weir does not \
+                     apply yet (a null in an upsert overwrites the stored value). Remove the \
+                     clause.",
+                    decl.name
+                ),
+            ));
+        }
+        let ttl_ms = match decl.options.get(TOMBSTONE_SETTING) {
+            None => weir_planner::auto_cdc::DEFAULT_TOMBSTONE_TTL_MS,
+            Some(v) => v
+                .trim()
+                .parse::<i64>()
+                .ok()
+                .filter(|s| *s >= 0)
+                .map(|s| s.saturating_mul(1000))
+                .ok_or_else(|| {
+                    Error::user(
+                        "STREAMING_INVALID_OPTION",
+                        "42616",
+                        format!(
+                            "{TOMBSTONE_SETTING} must be a whole number of seconds, not '{v}'."
+                        ),
+                    )
+                })?,
+        };
+        let plan = self
+            .plan_sql(&weir_planner::auto_cdc::auto_cdc_input(&cdc))
+            .await?;
+        let plan = weir_planner::auto_cdc::auto_cdc(
+            plan,
+            &weir_planner::auto_cdc::AutoCdcOptions::of(&cdc, ttl_ms),
+        )
+        .map_err(Error::User)?;
+        if let Some(node) = weir_planner::auto_cdc::AutoCdcNode::of(&plan) {
+            decl.options.set("weir.autoCdc.keys", node.keys.join(","));
+        }
+        decl.format = Some("delta".into());
+        Ok((decl, plan))
     }
 
     async fn batch(&self, sql: &str) -> Result<StatementResult> {
