@@ -319,13 +319,7 @@ async fn run_prepared(cfg: &BenchConfig, input: &Input) -> Result<BenchReport> {
     let done = q.await_termination().await;
     let _ = std::fs::remove_dir_all(&dir);
     done.map_err(|e| Error::Internal(e.to_string()))?;
-    session.streams().flush_listeners().await;
-    session.streams().remove_listener(&collector);
-    let progress = collected
-        .0
-        .lock()
-        .map(|mut p| std::mem::take(&mut *p))
-        .unwrap_or_default();
+    let progress = collected.detach(&session, &collector).await;
     Ok(summarize(cfg, &progress, input))
 }
 
@@ -466,13 +460,7 @@ async fn run_cdc_in(
     q.await_termination()
         .await
         .map_err(|e| Error::Internal(e.to_string()))?;
-    session.streams().flush_listeners().await;
-    session.streams().remove_listener(&collector);
-    let progress = collected
-        .0
-        .lock()
-        .map(|mut p| std::mem::take(&mut *p))
-        .unwrap_or_default();
+    let progress = collected.detach(&session, &collector).await;
     let mut report = summarize(cfg, &progress, &Input::Rate);
     report.merge = Some(merge_figures(&table, &progress, cfg.warmup as usize)?);
     Ok(report)
@@ -564,6 +552,23 @@ pub struct MergeFigures {
 /// Keeps every progress record of the bench's only query.
 #[derive(Default)]
 struct Collector(std::sync::Mutex<Vec<StreamingQueryProgress>>);
+
+impl Collector {
+    /// Stops `listener` (this collector) listening to `session`, after its last events, and
+    /// hands over the records.
+    async fn detach(
+        &self,
+        session: &WeirSession,
+        listener: &Arc<dyn StreamingQueryListener>,
+    ) -> Vec<StreamingQueryProgress> {
+        session.streams().flush_listeners().await;
+        session.streams().remove_listener(listener);
+        self.0
+            .lock()
+            .map(|mut p| std::mem::take(&mut *p))
+            .unwrap_or_default()
+    }
+}
 
 impl StreamingQueryListener for Collector {
     fn on_query_progress(&self, e: &QueryProgressEvent) {

@@ -723,7 +723,7 @@ mod tests {
         assert_eq!(err.class, "PARSE_SYNTAX_ERROR");
         assert!(
             err.message
-                .contains("expected USING, LOCATION, OPTIONS or AS"),
+                .contains("expected USING, LOCATION, OPTIONS, AS or FLOW AUTO CDC"),
             "{}",
             err.message
         );

@@ -177,30 +177,11 @@ fn project(dir: &Path, sql: &str) -> std::path::PathBuf {
     project
 }
 
-fn update(project: &Path, args: &[&str]) -> (bool, String) {
-    let out = support::weir_command()
-        .args(["pipeline", "run"])
-        .args(args)
-        .current_dir(project)
-        .output()
-        .unwrap();
-    (
-        out.status.success(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
-}
+use crate::pipelines::update_with as update;
 
+/// The rows of batch `sql` over the pipeline's table `table`.
 fn rows(project: &Path, table: &str, sql: &str) -> Vec<String> {
-    let rt = tokio::runtime::Runtime::new().unwrap();
-    rt.block_on(async {
-        let session = weir::WeirSession::new();
-        let path = project.join("store/tables").join(table);
-        session
-            .register_delta_table(table, path.to_str().unwrap(), &weir::Options::new())
-            .await
-            .unwrap();
-        support::text_rows(&session, sql).await
-    })
+    crate::pipelines::rows(project, &[table], sql)
 }
 
 fn customers(project: &Path) -> Vec<String> {

@@ -22,7 +22,7 @@ fn update(project: &std::path::Path) -> (bool, String) {
 }
 
 /// `weir pipeline run ARGS` in `project`.
-fn update_with(project: &std::path::Path, args: &[&str]) -> (bool, String) {
+pub(crate) fn update_with(project: &std::path::Path, args: &[&str]) -> (bool, String) {
     let out = support::weir_command()
         .args(["pipeline", "run"])
         .args(args)
@@ -36,7 +36,7 @@ fn update_with(project: &std::path::Path, args: &[&str]) -> (bool, String) {
 }
 
 /// The rows of batch `sql` over the pipeline's `tables` (read from their Delta folders).
-fn rows(project: &std::path::Path, tables: &[&str], sql: &str) -> Vec<String> {
+pub(crate) fn rows(project: &std::path::Path, tables: &[&str], sql: &str) -> Vec<String> {
     let rt = tokio::runtime::Runtime::new().unwrap();
     rt.block_on(async {
         let session = weir::WeirSession::new();

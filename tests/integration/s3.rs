@@ -723,7 +723,10 @@ async fn a_pipeline_with_its_storage_on_s3_keeps_tables_checkpoints_and_events_t
         dir.path().join("transformations/all.sql"),
         "CREATE STREAMING TABLE raw AS SELECT value FROM STREAM rate_micro_batch(rowsPerBatch => 4);\n\
          CREATE STREAMING TABLE evens AS SELECT value FROM STREAM raw WHERE value % 2 = 0;\n\
-         CREATE MATERIALIZED VIEW total AS SELECT count(*) AS n FROM evens;\n",
+         CREATE MATERIALIZED VIEW total AS SELECT count(*) AS n FROM evens;\n\
+         CREATE STREAMING TABLE latest;\n\
+         CREATE FLOW latest_flow AS AUTO CDC INTO latest \
+         FROM (SELECT value % 3 AS k, value FROM STREAM raw) KEYS (k) SEQUENCE BY value;\n",
     )
     .unwrap();
     for _ in 0..2 {
@@ -764,6 +767,17 @@ async fn a_pipeline_with_its_storage_on_s3_keeps_tables_checkpoints_and_events_t
     );
     // Two updates: raw holds 0..7, evens 0, 2, 4, 6 once each, the view counts them.
     assert!(read.contains("| 4     | 6       | 4     |"), "{read}");
+    // AUTO CDC on S3: per key value % 3, the highest value, each batch one MERGE.
+    let latest = server.weir(
+        &[
+            "-e",
+            "CREATE EXTERNAL TABLE latest STORED AS DELTA LOCATION 's3://weir/pipelines/on_s3/tables/latest'; \
+             SELECT string_agg(CAST(k AS VARCHAR) || ':' || CAST(value AS VARCHAR), ',' ORDER BY k) \
+             AS latest FROM latest",
+        ],
+        &[],
+    );
+    assert!(latest.contains("0:6,1:7,2:5"), "{latest}");
     let events = server.weir(
         &[
             "-e",

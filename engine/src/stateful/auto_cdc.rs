@@ -410,6 +410,20 @@ fn target_rows(
         .collect()
 }
 
+/// The target's columns for `keys` (arrow-row encoded): the key columns decoded, every other
+/// column null.
+fn key_rows_only(c: &Columns, converter: &RowConverter, keys: &[Vec<u8>]) -> Result<Vec<ArrayRef>> {
+    let parser = converter.parser();
+    let decoded = converter.convert_rows(keys.iter().map(|k| parser.parse(k)))?;
+    Ok(c.columns
+        .iter()
+        .map(|col| match c.keys.iter().position(|k| k == col) {
+            Some(p) => Arc::clone(&decoded[p]),
+            None => arrow::array::new_null_array(c.input.field(*col).data_type(), keys.len()),
+        })
+        .collect())
+}
+
 /// Stacks parts of the output (each the target's columns, maybe with more) under their actions.
 fn output(c: &Columns, parts: Vec<(i8, Vec<ArrayRef>)>) -> Result<RecordBatch> {
     let schema = Arc::clone(&c.output);
@@ -614,19 +628,8 @@ fn scd1(
         let t = sequence_converter.convert_rows([sequence_converter.parser().parse(&t)])?;
         let repeat = |n: usize| take(t[0].as_ref(), &UInt32Array::from(vec![0u32; n]), None);
         if !truncated_keys.is_empty() {
-            let parser = key_converter.parser();
-            let keys =
-                key_converter.convert_rows(truncated_keys.iter().map(|k| parser.parse(k)))?;
-            let n = truncated_keys.len();
-            let mut cols: Vec<ArrayRef> = c
-                .columns
-                .iter()
-                .map(|col| match c.keys.iter().position(|k| k == col) {
-                    Some(p) => Arc::clone(&keys[p]),
-                    None => arrow::array::new_null_array(c.input.field(*col).data_type(), n),
-                })
-                .collect();
-            cols.push(repeat(n)?);
+            let mut cols = key_rows_only(c, &key_converter, &truncated_keys)?;
+            cols.push(repeat(truncated_keys.len())?);
             parts.push((ACTION_DELETE_KEY, cols));
         }
         // The rows other flows wrote into the table below the truncate go too.
@@ -831,18 +834,9 @@ fn scd2(c: &Columns, batch: &RecordBatch, store: &mut dyn StateStore) -> Result<
 
     let mut parts = vec![];
     if !touched.is_empty() {
-        let parser = key_converter.parser();
-        let keys = key_converter.convert_rows(touched.iter().map(|k| parser.parse(k)))?;
         let n = touched.len();
         let sequence_type = c.sequence_type();
-        let mut cols: Vec<ArrayRef> = c
-            .columns
-            .iter()
-            .map(|col| match c.keys.iter().position(|k| k == col) {
-                Some(p) => Arc::clone(&keys[p]),
-                None => arrow::array::new_null_array(c.input.field(*col).data_type(), n),
-            })
-            .collect();
+        let mut cols = key_rows_only(c, &key_converter, &touched)?;
         cols.push(arrow::array::new_null_array(sequence_type, n));
         cols.push(arrow::array::new_null_array(sequence_type, n));
         parts.push((ACTION_DELETE_KEY, cols));

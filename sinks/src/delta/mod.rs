@@ -77,24 +77,18 @@ impl DeltaSinkOptions {
                  option 'path'.",
             )
         })?;
-        let partition_by = r
-            .string("partitionBy")
-            .map(|s| {
-                s.split(',')
-                    .map(|c| c.trim().to_string())
-                    .filter(|c| !c.is_empty())
-                    .collect()
-            })
-            .unwrap_or_default();
-        let merge_keys = r
-            .string("weir.autoCdc.keys")
-            .map(|s| {
-                s.split(',')
-                    .map(|c| c.trim().to_string())
-                    .filter(|c| !c.is_empty())
-                    .collect()
-            })
-            .unwrap_or_default();
+        let columns = |option: &str| -> Vec<String> {
+            r.string(option)
+                .map(|s| {
+                    s.split(',')
+                        .map(|c| c.trim().to_string())
+                        .filter(|c| !c.is_empty())
+                        .collect()
+                })
+                .unwrap_or_default()
+        };
+        let partition_by = columns("partitionBy");
+        let merge_keys = columns("weir.autoCdc.keys");
         Ok(Self {
             path,
             partition_by,
