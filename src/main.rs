@@ -267,10 +267,12 @@ fn main() -> std::process::ExitCode {
             tracing_subscriber::EnvFilter::try_from_env("WEIR_LOG")
                 // delta-rs's kernel logs (with a backtrace) the errors weir reports itself.
                 // Pipeline flows into one table commit concurrently: delta-rs retries a commit
-                // that lost the race (and warns of it), which is how it is meant to go.
+                // that lost the race (and warns of it), which is how it is meant to go. Its
+                // MERGE warns of a scan metric it derives itself.
                 .unwrap_or_else(|_| {
                     tracing_subscriber::EnvFilter::new(
-                        "warn,buoyant_kernel=off,deltalake_core::kernel::transaction=error",
+                        "warn,buoyant_kernel=off,deltalake_core::kernel::transaction=error,\
+                         deltalake_core::operations::merge=error",
                     )
                 }),
         )

@@ -621,10 +621,14 @@ impl Graph {
             let _ = writeln!(out, "  stage {}:", n + 1);
             for &i in stage {
                 let f = &self.flows[i];
-                let kind = match f.kind {
-                    FlowKind::Append => "append",
-                    FlowKind::Once => "once",
-                    FlowKind::Complete => "materialized view",
+                let kind = match (f.kind, &f.auto_cdc) {
+                    (FlowKind::Append, Some(c)) => format!("AUTO CDC, SCD type {}", c.scd_type),
+                    (FlowKind::Once, Some(c)) => {
+                        format!("AUTO CDC once, SCD type {}", c.scd_type)
+                    }
+                    (FlowKind::Append, None) => "append".into(),
+                    (FlowKind::Once, None) => "once".into(),
+                    (FlowKind::Complete, _) => "materialized view".into(),
                 };
                 let reads = if f.reads.is_empty() {
                     String::new()

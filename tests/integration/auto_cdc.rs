@@ -206,6 +206,19 @@ fn the_seed_walkthrough_keeps_customers_equal_to_an_scd1_model_of_all_its_change
     let changes = dir.path().join("changes");
     land(&changes, "a", &FIRST, jan());
     let project = project(dir.path(), &seed_sql(&changes, true, ""));
+    let dry = support::weir_command()
+        .args(["pipeline", "dry-run"])
+        .current_dir(&project)
+        .output()
+        .unwrap();
+    let said =
+        String::from_utf8_lossy(&dry.stdout).into_owned() + &String::from_utf8_lossy(&dry.stderr);
+    assert!(dry.status.success(), "{said}");
+    assert!(
+        said.contains("customers_incremental_flow → customers (AUTO CDC, SCD type 1)")
+            && said.contains("customers_snapshot_flow → customers (AUTO CDC once, SCD type 1)"),
+        "{said}"
+    );
     let (ok, stderr) = update(&project, &[]);
     assert!(ok, "{stderr}");
     let mut input = snapshot_changes();
