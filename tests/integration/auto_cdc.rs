@@ -604,3 +604,57 @@ COLUMNS * EXCEPT (operation, sequencenum) STORED AS SCD TYPE 2;
         );
     }
 }
+
+/// `weir checkpoint repartition` of an SCD 1 AUTO CDC query (DBSQL's form, `weir run`): its keys
+/// move to 3 partitions, and the truncate floor reaches every one of them, so a change below it
+/// stays out whichever partition its key now lives in.
+#[test]
+fn a_repartitioned_auto_cdc_checkpoint_keeps_its_keys_and_its_truncate_floor() {
+    let dir = tempfile::tempdir().unwrap();
+    let changes = dir.path().join("changes");
+    let before: Vec<Change> = (0..10)
+        .map(|k| (Some(k), "Ana", "Rome", "INSERT", 10 + k))
+        .chain([(None, "", "", "TRUNCATE", 15)])
+        .collect();
+    land(&changes, "a", &[&before], jan());
+    let ck = dir.path().join("ck").display().to_string();
+    let sql = format!(
+        "CREATE STREAMING TABLE customers LOCATION '{}' OPTIONS (trigger 'availableNow') \
+         FLOW AUTO CDC FROM STREAM read_files('{}', format => 'json', schema => '{SCHEMA}') \
+         KEYS (customer_id) APPLY AS TRUNCATE WHEN operation = 'TRUNCATE' \
+         SEQUENCE BY sequencenum COLUMNS * EXCEPT (operation, sequencenum)",
+        dir.path().join("out").display(),
+        changes.display()
+    );
+    let (ok, _, err) = support::weir(&["run", "--checkpoint", &ck, "-e", &sql]);
+    assert!(ok, "{err}");
+    let (ok, _, err) = support::weir(&["checkpoint", "repartition", &ck, "--partitions", "3"]);
+    assert!(ok, "{err}");
+    // Below the floor for every key (0..4 were truncated), above it for key 20.
+    let after: Vec<Change> = (0..5)
+        .map(|k| (Some(k), "Old", "Rome", "UPDATE", 14))
+        .chain([(Some(20), "New", "Oslo", "INSERT", 30)])
+        .collect();
+    land(&changes, "b", &[&after], jan());
+    let (ok, _, err) = support::weir(&["run", "--checkpoint", &ck, "-e", &sql]);
+    assert!(ok, "{err}");
+    let mut input = before.clone();
+    input.extend(after);
+    let (ok, out, err) = support::weir(&[
+        "run",
+        "-e",
+        &format!(
+            "CREATE EXTERNAL TABLE c STORED AS DELTA LOCATION '{}'; \
+             SELECT string_agg(CAST(customer_id AS VARCHAR), ',' ORDER BY customer_id) AS ids \
+             FROM c",
+            dir.path().join("out").display()
+        ),
+    ]);
+    assert!(ok, "{err}");
+    let expected: Vec<String> = scd1_model(&input)
+        .iter()
+        .map(|r| r.split(',').next().unwrap().to_string())
+        .collect();
+    assert_eq!(expected, ["5", "6", "7", "8", "9", "20"]);
+    assert!(out.contains(&expected.join(",")), "{out}");
+}

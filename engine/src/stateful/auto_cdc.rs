@@ -956,10 +956,10 @@ impl StateFormat for AutoCdcFormat {
     }
 
     fn placement(&self, store: &str) -> Placement {
-        if store == TOMBSTONES {
-            Placement::ByKeyAfterTime
-        } else {
-            Placement::ByKey
+        match store {
+            TOMBSTONES => Placement::ByKeyAfterTime,
+            TRUNCATED => Placement::EveryPartition,
+            _ => Placement::ByKey,
         }
     }
 

@@ -99,6 +99,9 @@ pub(crate) enum Placement {
     /// Each entry lists rows of many join keys: the join's event-time index, whose entries are
     /// split ([`super::join_state::split_index`]).
     JoinIndex,
+    /// Every partition keeps the same entries (AUTO CDC's truncate floor): each key goes to every
+    /// partition with the highest value any partition had.
+    EveryPartition,
 }
 
 /// How an operator kind lays out its state in its stores.
@@ -188,6 +191,10 @@ mod tests {
         let f = OperatorKind::SessionWindowAggregate.format();
         assert!(f.readable("sessions") && !f.readable("sessions-by-end"));
         assert_eq!(f.placement("sessions-by-end"), Placement::ByKeyAfterTime);
+        let f = OperatorKind::AutoCdcScd1.format();
+        assert!(f.readable("default") && !f.readable("truncated"));
+        assert_eq!(f.placement("truncated"), Placement::EveryPartition);
+        assert_eq!(f.placement("tombstones-by-time"), Placement::ByKeyAfterTime);
         let f = OperatorKind::StreamStreamJoin.format();
         assert!(f.readable("left") && f.readable("right") && !f.readable("left-times"));
         assert_eq!(f.placement("right-times"), Placement::JoinIndex);

@@ -351,7 +351,18 @@ fn rewrite(
             let placement = op
                 .kind()
                 .map_or(Placement::ByKey, |k| k.format().placement(store));
-            let buckets = if placement == Placement::JoinIndex {
+            let buckets = if placement == Placement::EveryPartition {
+                // The same entries in every partition (a truncate floor): the highest value of
+                // each key, everywhere.
+                let mut merged: BTreeMap<Vec<u8>, Vec<u8>> = BTreeMap::new();
+                for (k, v) in entries {
+                    let kept = merged.entry(k).or_default();
+                    if v > *kept {
+                        *kept = v;
+                    }
+                }
+                vec![merged; partitions]
+            } else if placement == Placement::JoinIndex {
                 // A join's event-time index entry lists rows of many join keys: it is split.
                 join_state::split_index(&entries, partitions, |keys| {
                     new_partitions(op, keys, partitions)
