@@ -35,6 +35,7 @@ pub use api::{
 };
 pub use checkpoint::Checkpoint;
 pub use error::{Error, Result};
+pub use execution::health::HealthRecord;
 pub use execution::listener::{
     QueryIdleEvent, QueryProgressEvent, QueryStartedEvent, QueryTerminatedEvent,
     StreamingQueryListener,

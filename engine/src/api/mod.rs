@@ -112,6 +112,8 @@ pub(crate) struct SessionInner {
     pub(crate) state_backend: RwLock<StateBackend>,
     /// The in-memory state of this session's running queries, for `read_state`.
     pub(crate) live_states: Arc<crate::tools::state_reader::LiveStates>,
+    /// Every query's per-batch health, for `streaming_health`.
+    pub(crate) health: Arc<crate::execution::health::HealthLog>,
 }
 
 impl std::fmt::Debug for SessionInner {
@@ -181,12 +183,23 @@ impl WeirSession {
             let _ = ctx.register_relation_planner(Arc::new(
                 crate::tools::state_reader::StateReaderPlanner::new(Arc::clone(&live_states)),
             ));
+            let manager = StreamingQueryManager::new();
+            let health = Arc::new(crate::execution::health::HealthLog::default());
+            manager.add_listener(Arc::clone(&health) as _);
+            ctx.register_udtf(
+                "streaming_health",
+                Arc::new(crate::execution::health::StreamingHealthFunction {
+                    log: Arc::clone(&health),
+                    manager: manager.clone(),
+                }),
+            );
             SessionInner {
                 live_states,
+                health,
                 ctx,
                 catalog,
                 sinks: RwLock::new(SinkRegistry::with_builtins()),
-                manager: StreamingQueryManager::new(),
+                manager,
                 declared: Mutex::new(BTreeMap::new()),
                 state_backend: RwLock::new(StateBackend::default()),
             }
@@ -201,6 +214,13 @@ impl WeirSession {
         if let Ok(mut b) = self.inner.state_backend.write() {
             *b = backend;
         }
+    }
+
+    /// The per-batch health of the query named `query` or with id `query` (what `SELECT *
+    /// FROM streaming_health('<query>')` shows), oldest first; `None` when no query of this
+    /// session by that name or id has run a batch.
+    pub fn health(&self, query: &str) -> Option<Vec<crate::HealthRecord>> {
+        self.inner.health.records(&self.inner.manager, query)
     }
 
     /// The DataFusion context: register static tables, run batch SQL.

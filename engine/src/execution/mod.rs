@@ -2,6 +2,7 @@
 //! execute into the sink, commit, report progress. A restart replays an uncommitted batch with
 //! exactly its logged offsets; the idempotent sink makes that exactly-once.
 
+pub(crate) mod health;
 pub(crate) mod listener;
 pub(crate) mod progress;
 pub(crate) mod query;
