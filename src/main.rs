@@ -209,6 +209,19 @@ enum Command {
         #[arg(long)]
         progress: Option<String>,
     },
+    /// Serve the HTTP API: submit, list, watch and stop streaming queries, kept across
+    /// restarts of the server (issue 20, first part).
+    Serve {
+        /// Where to listen; anything but loopback needs a token.
+        #[arg(long, default_value = "127.0.0.1:4040")]
+        listen: std::net::SocketAddr,
+        /// Where the server keeps its registry and the checkpoints it assigns.
+        #[arg(long, default_value = "weir-server")]
+        data: PathBuf,
+        /// The bearer token every request must carry (default: $WEIR_SERVER_TOKEN).
+        #[arg(long)]
+        token: Option<String>,
+    },
     /// Run a named benchmark workload (into the noop sink, but files-delta and cdc-*).
     Bench {
         /// Workload: q1 (stateless), q2 (aggregation), q3 (windows), q4 (dedupe), q5 (join),
@@ -781,6 +794,25 @@ async fn run(cli: Cli) -> anyhow::Result<std::process::ExitCode> {
                     )
                 })?;
             print!("{}", report.table()?);
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Serve {
+            listen,
+            data,
+            token,
+        } => {
+            let token = token.or_else(|| std::env::var(weir_server::TOKEN_ENV).ok());
+            weir_server::serve(
+                weir_server::ServerConfig {
+                    listen,
+                    data,
+                    token,
+                },
+                async {
+                    let _ = tokio::signal::ctrl_c().await;
+                },
+            )
+            .await?;
             Ok(ExitCode::SUCCESS)
         }
         Command::Bench {

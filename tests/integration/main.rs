@@ -23,5 +23,6 @@ mod files;
 mod kafka;
 mod pipelines;
 mod s3;
+mod server;
 mod source_evolution;
 mod stateful;

@@ -1,0 +1,523 @@
+//! `weir serve`: one process hosting any number of streaming queries, driven over HTTP, with a
+//! registry under `--data` so that a server killed and started again restarts every query that
+//! was running from its checkpoint.
+//!
+//! ```text
+//! POST /api/v1/queries {sql, name?, checkpoint?, trigger?}
+//!        ─► registry entry <data>/queries/<id>.json (running) ─► session.run_script(sql)
+//! GET  /api/v1/queries            each query's status
+//! GET  /api/v1/queries/{id}       status, lastProgress (Spark's JSON), exception
+//! GET  /api/v1/queries/{id}/progress?since=N     recentProgress after batch N
+//! GET  /api/v1/queries/{id}/health               streaming_health's records
+//! POST /api/v1/queries/{id}/stop | /restart      the entry says stopped | running
+//! start: every entry marked running is started again (its checkpoint resumes it)
+//! ```
+//!
+//! Errors are JSON (`errorClass`, `sqlState`, `message`) with a 4xx status for the client's
+//! mistakes. Listening on anything but loopback needs a bearer token.
+
+mod registry;
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{DefaultBodyLimit, Path, Query, Request, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use serde::Deserialize;
+use serde_json::{Value, json};
+use tokio::sync::Mutex;
+use weir_engine::{ScriptOptions, StatementResult, StreamingQuery, Trigger, WeirSession};
+
+pub use registry::QueryEntry;
+use registry::Registry;
+
+/// The environment variable holding the bearer token when `--token` is not given.
+pub const TOKEN_ENV: &str = "WEIR_SERVER_TOKEN";
+
+/// The largest request body accepted.
+const BODY_LIMIT: usize = 1 << 20;
+
+/// How the server runs.
+#[derive(Debug, Clone)]
+pub struct ServerConfig {
+    /// Where it listens.
+    pub listen: SocketAddr,
+    /// Where it keeps its registry and the checkpoints it assigns.
+    pub data: PathBuf,
+    /// The bearer token requests must carry; required unless `listen` is loopback.
+    pub token: Option<String>,
+}
+
+/// An error as the API returns it.
+#[derive(Debug)]
+pub struct ApiError {
+    status: StatusCode,
+    class: String,
+    sql_state: String,
+    message: String,
+}
+
+impl ApiError {
+    fn new(status: StatusCode, class: &str, sql_state: &str, message: impl Into<String>) -> Self {
+        Self {
+            status,
+            class: class.into(),
+            sql_state: sql_state.into(),
+            message: message.into(),
+        }
+    }
+
+    fn not_found(id: &str) -> Self {
+        Self::new(
+            StatusCode::NOT_FOUND,
+            "STREAMING_QUERY_NOT_FOUND",
+            "42704",
+            format!("The server has no query '{id}': GET /api/v1/queries lists them."),
+        )
+    }
+
+    /// A weir error: the client's (4xx) unless it is internal.
+    fn of(e: &weir_engine::Error) -> Self {
+        let status = if e.sql_state().starts_with("XX") || e.sql_state().starts_with("58") {
+            StatusCode::INTERNAL_SERVER_ERROR
+        } else {
+            StatusCode::BAD_REQUEST
+        };
+        Self::new(status, e.error_class(), e.sql_state(), e.to_string())
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let body = json!({
+            "errorClass": self.class,
+            "sqlState": self.sql_state,
+            "message": self.message,
+        });
+        (self.status, axum::Json(body)).into_response()
+    }
+}
+
+impl std::fmt::Display for ApiError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "[{}] {} SQLSTATE: {}",
+            self.class, self.message, self.sql_state
+        )
+    }
+}
+
+impl std::error::Error for ApiError {}
+
+/// A query the server knows: its registry entry and, while it runs, its handle.
+struct Hosted {
+    entry: QueryEntry,
+    handle: Option<StreamingQuery>,
+    /// Why it could not start, if it could not.
+    start_error: Option<Arc<weir_engine::Error>>,
+}
+
+struct AppState {
+    session: WeirSession,
+    registry: Registry,
+    data: PathBuf,
+    token: Option<String>,
+    queries: Mutex<BTreeMap<String, Hosted>>,
+}
+
+/// Runs the server until `shutdown` completes: restarts the registry's running queries, then
+/// serves the API. The queries stop with the server (their entries stay running, so the next
+/// start resumes them).
+pub async fn serve(
+    config: ServerConfig,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> Result<(), ApiError> {
+    if !config.listen.ip().is_loopback() && config.token.is_none() {
+        return Err(ApiError::new(
+            StatusCode::UNAUTHORIZED,
+            "SERVER_TOKEN_REQUIRED",
+            "28000",
+            format!(
+                "weir serve listens on {}, which is not loopback: give a bearer token with \
+                 --token or ${TOKEN_ENV}, or listen on 127.0.0.1.",
+                config.listen
+            ),
+        ));
+    }
+    let registry = Registry::open(&config.data).map_err(storage)?;
+    let state = Arc::new(AppState {
+        session: WeirSession::new(),
+        registry,
+        data: config.data.clone(),
+        token: config.token.clone(),
+        queries: Mutex::new(BTreeMap::new()),
+    });
+    for entry in state.registry.entries().map_err(storage)? {
+        let (handle, start_error) = if entry.running {
+            match start(&state.session, &entry).await {
+                Ok(q) => (Some(q), None),
+                Err(e) => {
+                    tracing::warn!(query = %entry.id, error = %e, "a query of the registry did not restart");
+                    (None, Some(Arc::new(e)))
+                }
+            }
+        } else {
+            (None, None)
+        };
+        state.queries.lock().await.insert(
+            entry.id.clone(),
+            Hosted {
+                entry,
+                handle,
+                start_error,
+            },
+        );
+    }
+    let listener = tokio::net::TcpListener::bind(config.listen)
+        .await
+        .map_err(|e| {
+            ApiError::new(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "SERVER_LISTEN_FAILED",
+                "58030",
+                format!("weir serve cannot listen on {}: {e}.", config.listen),
+            )
+        })?;
+    let local = listener.local_addr().ok();
+    // Tests and scripts read the address (the port may be 0: any free one).
+    println!(
+        "weir serve listening on http://{}",
+        local.unwrap_or(config.listen)
+    );
+    let app = router(Arc::clone(&state));
+    axum::serve(listener, app)
+        .with_graceful_shutdown(shutdown)
+        .await
+        .map_err(|e| {
+            ApiError::new(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "SERVER_FAILED",
+                "58030",
+                e.to_string(),
+            )
+        })?;
+    for hosted in state.queries.lock().await.values() {
+        if let Some(q) = &hosted.handle {
+            q.stop().await;
+        }
+    }
+    Ok(())
+}
+
+fn storage(e: std::io::Error) -> ApiError {
+    ApiError::new(
+        StatusCode::INTERNAL_SERVER_ERROR,
+        "SERVER_DATA_ERROR",
+        "58030",
+        format!("weir serve cannot read or write its data folder: {e}."),
+    )
+}
+
+fn router(state: Arc<AppState>) -> Router {
+    Router::new()
+        .route("/api/v1/queries", post(submit).get(list))
+        .route("/api/v1/queries/{id}", get(describe))
+        .route("/api/v1/queries/{id}/progress", get(progress))
+        .route("/api/v1/queries/{id}/health", get(health))
+        .route("/api/v1/queries/{id}/stop", post(stop))
+        .route("/api/v1/queries/{id}/restart", post(restart))
+        .fallback(|| async {
+            ApiError::new(
+                StatusCode::NOT_FOUND,
+                "NOT_FOUND",
+                "42704",
+                "No such endpoint: the API is under /api/v1/queries.",
+            )
+        })
+        .layer(axum::middleware::from_fn_with_state(
+            Arc::clone(&state),
+            authorize,
+        ))
+        .layer(DefaultBodyLimit::max(BODY_LIMIT))
+        .with_state(state)
+}
+
+/// Refuses a request without the server's bearer token, when it has one.
+async fn authorize(
+    State(state): State<Arc<AppState>>,
+    headers: HeaderMap,
+    request: Request,
+    next: Next,
+) -> Response {
+    if let Some(token) = &state.token {
+        let given = headers
+            .get(axum::http::header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "));
+        if given != Some(token.as_str()) {
+            return ApiError::new(
+                StatusCode::UNAUTHORIZED,
+                "UNAUTHORIZED",
+                "28000",
+                "This server needs its bearer token: send Authorization: Bearer <token>.",
+            )
+            .into_response();
+        }
+    }
+    next.run(request).await
+}
+
+/// The body of `POST /api/v1/queries`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SubmitRequest {
+    sql: String,
+    name: Option<String>,
+    checkpoint: Option<String>,
+    trigger: Option<String>,
+}
+
+/// Reads a JSON body, refusing a malformed or oversized one as JSON.
+fn body<T: serde::de::DeserializeOwned>(
+    body: Result<Bytes, BytesRejection>,
+) -> Result<T, ApiError> {
+    let bytes = body.map_err(|r| {
+        ApiError::new(
+            r.status(),
+            if r.status() == StatusCode::PAYLOAD_TOO_LARGE {
+                "REQUEST_TOO_LARGE"
+            } else {
+                "INVALID_REQUEST_BODY"
+            },
+            "42000",
+            format!("The request body cannot be read: {r} (at most {BODY_LIMIT} bytes)."),
+        )
+    })?;
+    serde_json::from_slice(&bytes).map_err(|e| {
+        ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "INVALID_REQUEST_BODY",
+            "42000",
+            format!(
+                "The request body is not the JSON this endpoint takes: {e}. Send {{\"sql\": \
+                 \"...\", \"name\"?, \"checkpoint\"?, \"trigger\"?}}."
+            ),
+        )
+    })
+}
+
+/// Starts `entry`'s query in `session`: its one streaming statement, with its checkpoint.
+async fn start(
+    session: &WeirSession,
+    entry: &QueryEntry,
+) -> Result<StreamingQuery, weir_engine::Error> {
+    let trigger = entry.trigger.as_deref().map(Trigger::parse).transpose()?;
+    let opts = ScriptOptions {
+        checkpoint: Some(entry.checkpoint.clone()),
+        trigger,
+        default_sink: Some("noop".into()),
+        ..Default::default()
+    };
+    let mut queries: Vec<StreamingQuery> = session
+        .run_script(&entry.sql, &opts)
+        .await?
+        .into_iter()
+        .filter_map(|r| match r {
+            StatementResult::Query(q) => Some(q),
+            _ => None,
+        })
+        .collect();
+    match queries.len() {
+        1 => Ok(queries.remove(0)),
+        n => {
+            for q in &queries {
+                q.stop().await;
+            }
+            Err(weir_engine::Error::user(
+                "NOT_A_STREAMING_QUERY",
+                "42K0E",
+                format!(
+                    "A query submitted to the server starts one streaming query; this SQL \
+                     starts {n}. Submit each on its own."
+                ),
+            ))
+        }
+    }
+}
+
+async fn submit(
+    State(state): State<Arc<AppState>>,
+    raw: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    let req: SubmitRequest = body(raw)?;
+    let id = uuid::Uuid::new_v4().to_string();
+    let entry = QueryEntry {
+        checkpoint: req.checkpoint.unwrap_or_else(|| {
+            state
+                .data
+                .join("checkpoints")
+                .join(&id)
+                .display()
+                .to_string()
+        }),
+        id: id.clone(),
+        name: req.name,
+        sql: req.sql,
+        trigger: req.trigger,
+        running: true,
+        created: chrono::Utc::now().to_rfc3339(),
+    };
+    let handle = start(&state.session, &entry)
+        .await
+        .map_err(|e| ApiError::of(&e))?;
+    state.registry.put(&entry).map_err(storage)?;
+    let body = json!({ "id": id, "queryId": handle.id().to_string() });
+    state.queries.lock().await.insert(
+        id,
+        Hosted {
+            entry,
+            handle: Some(handle),
+            start_error: None,
+        },
+    );
+    Ok((StatusCode::CREATED, axum::Json(body)).into_response())
+}
+
+/// A query's status as the API shows it.
+fn status_of(h: &Hosted) -> Value {
+    let exception = h
+        .handle
+        .as_ref()
+        .and_then(|q| q.exception().map(|e| e.cause))
+        .or_else(|| h.start_error.clone())
+        .map(|e| {
+            json!({
+                "errorClass": e.error_class(),
+                "sqlState": e.sql_state(),
+                "message": e.to_string(),
+            })
+        });
+    let (state, message, last) = match &h.handle {
+        _ if exception.is_some() => ("failed", "The query failed.".to_string(), None),
+        Some(q) if q.is_active() => {
+            let s = q.status();
+            let state = if s.is_data_available || s.is_trigger_active {
+                "active"
+            } else {
+                "waiting for data"
+            };
+            (state, s.message, q.last_progress())
+        }
+        Some(q) => ("stopped", "Stopped.".to_string(), q.last_progress()),
+        None => ("stopped", "Stopped.".to_string(), None),
+    };
+    json!({
+        "id": h.entry.id,
+        "name": h.entry.name,
+        "queryId": h.handle.as_ref().map(|q| q.id().to_string()),
+        "sql": h.entry.sql,
+        "checkpoint": h.entry.checkpoint,
+        "status": state,
+        "message": message,
+        "lastProgress": last.map(|p| serde_json::to_value(p).unwrap_or(Value::Null)),
+        "exception": exception,
+    })
+}
+
+async fn list(State(state): State<Arc<AppState>>) -> axum::Json<Value> {
+    let queries = state.queries.lock().await;
+    axum::Json(json!({ "queries": queries.values().map(status_of).collect::<Vec<_>>() }))
+}
+
+async fn describe(
+    State(state): State<Arc<AppState>>,
+    Path(id): Path<String>,
+) -> Result<axum::Json<Value>, ApiError> {
+    let queries = state.queries.lock().await;
+    let h = queries.get(&id).ok_or_else(|| ApiError::not_found(&id))?;
+    Ok(axum::Json(status_of(h)))
+}
+
+#[derive(Debug, Deserialize)]
+struct Since {
+    since: Option<u64>,
+}
+
+async fn progress(
+    State(state): State<Arc<AppState>>,
+    Path(id): Path<String>,
+    Query(since): Query<Since>,
+) -> Result<axum::Json<Value>, ApiError> {
+    let queries = state.queries.lock().await;
+    let h = queries.get(&id).ok_or_else(|| ApiError::not_found(&id))?;
+    let recent: Vec<Value> = h
+        .handle
+        .as_ref()
+        .map(|q| q.recent_progress())
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|p| since.since.is_none_or(|s| p.batch_id > s))
+        .filter_map(|p| serde_json::to_value(p).ok())
+        .collect();
+    Ok(axum::Json(json!({ "recentProgress": recent })))
+}
+
+async fn health(
+    State(state): State<Arc<AppState>>,
+    Path(id): Path<String>,
+) -> Result<axum::Json<Value>, ApiError> {
+    let queries = state.queries.lock().await;
+    let h = queries.get(&id).ok_or_else(|| ApiError::not_found(&id))?;
+    let records = h
+        .handle
+        .as_ref()
+        .and_then(|q| state.session.health(&q.id().to_string()))
+        .unwrap_or_default();
+    Ok(axum::Json(json!({ "health": records })))
+}
+
+async fn stop(
+    State(state): State<Arc<AppState>>,
+    Path(id): Path<String>,
+) -> Result<axum::Json<Value>, ApiError> {
+    let mut queries = state.queries.lock().await;
+    let h = queries
+        .get_mut(&id)
+        .ok_or_else(|| ApiError::not_found(&id))?;
+    if let Some(q) = &h.handle {
+        q.stop().await;
+    }
+    h.entry.running = false;
+    state.registry.put(&h.entry).map_err(storage)?;
+    Ok(axum::Json(status_of(h)))
+}
+
+async fn restart(
+    State(state): State<Arc<AppState>>,
+    Path(id): Path<String>,
+) -> Result<axum::Json<Value>, ApiError> {
+    let mut queries = state.queries.lock().await;
+    let h = queries
+        .get_mut(&id)
+        .ok_or_else(|| ApiError::not_found(&id))?;
+    if let Some(q) = &h.handle {
+        q.stop().await;
+    }
+    let handle = start(&state.session, &h.entry)
+        .await
+        .map_err(|e| ApiError::of(&e))?;
+    h.handle = Some(handle);
+    h.start_error = None;
+    h.entry.running = true;
+    state.registry.put(&h.entry).map_err(storage)?;
+    Ok(axum::Json(status_of(h)))
+}

@@ -1,0 +1,269 @@
+//! `weir serve` as a process on a free loopback port, driven over HTTP: submit, list, watch,
+//! stop; malformed requests get JSON 4xx errors; the token; and a server killed with SIGKILL and
+//! started again resumes its queries from their checkpoints, losing and doubling nothing.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::path::Path;
+use std::process::{Child, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+use crate::support;
+
+/// A running `weir serve` and its address.
+struct Server {
+    child: Child,
+    addr: String,
+}
+
+impl Server {
+    /// Starts `weir serve --listen 127.0.0.1:0 --data DATA ARGS` and waits for its address.
+    fn start(data: &Path, args: &[&str]) -> Self {
+        let mut child = support::weir_command()
+            .args(["serve", "--listen", "127.0.0.1:0", "--data"])
+            .arg(data)
+            .args(args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let stdout = child.stdout.take().unwrap();
+        let mut line = String::new();
+        BufReader::new(stdout).read_line(&mut line).unwrap();
+        let addr = line
+            .trim()
+            .strip_prefix("weir serve listening on http://")
+            .unwrap_or_else(|| panic!("no address in {line:?}"))
+            .to_string();
+        Self { child, addr }
+    }
+
+    /// `METHOD path` with `body` (and `token`): the status and the JSON body.
+    fn call(&self, method: &str, path: &str, body: &str, token: Option<&str>) -> (u16, Value) {
+        let mut s = TcpStream::connect(&self.addr).unwrap();
+        let auth = token.map_or(String::new(), |t| format!("Authorization: Bearer {t}\r\n"));
+        write!(
+            s,
+            "{method} {path} HTTP/1.1\r\nHost: {}\r\nConnection: close\r\n{auth}Content-Type: \
+             application/json\r\nContent-Length: {}\r\n\r\n{body}",
+            self.addr,
+            body.len()
+        )
+        .unwrap();
+        let mut out = String::new();
+        s.read_to_string(&mut out).unwrap();
+        let status: u16 = out
+            .split_whitespace()
+            .nth(1)
+            .and_then(|c| c.parse().ok())
+            .unwrap_or_else(|| panic!("no status in {out:?}"));
+        let text = out.split_once("\r\n\r\n").map_or("", |(_, b)| b);
+        (status, serde_json::from_str(text).unwrap_or(Value::Null))
+    }
+
+    fn get(&self, path: &str) -> (u16, Value) {
+        self.call("GET", path, "", None)
+    }
+
+    fn post(&self, path: &str, body: &str) -> (u16, Value) {
+        self.call("POST", path, body, None)
+    }
+
+    /// Waits until query `id` has committed batch `batch` (or later); its newest batch.
+    fn wait_for_batch(&self, id: &str, batch: u64) -> u64 {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let (_, q) = self.get(&format!("/api/v1/queries/{id}"));
+            if let Some(b) = q["lastProgress"]["batchId"].as_u64()
+                && b >= batch
+            {
+                return b;
+            }
+            assert!(Instant::now() < deadline, "batch {batch} never came: {q}");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn submit_body(out: &Path) -> String {
+    serde_json::json!({
+        "sql": format!(
+            "CREATE STREAMING TABLE numbers USING json LOCATION '{}' AS \
+             SELECT value FROM STREAM rate_micro_batch(rowsPerBatch => 5, numPartitions => 1)",
+            out.display()
+        ),
+        "name": "numbers",
+        "trigger": "100 milliseconds",
+    })
+    .to_string()
+}
+
+/// The values the JSON sink at `out` holds, sorted.
+fn values(out: &Path) -> Vec<i64> {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let session = weir::WeirSession::new();
+        support::text_rows(
+            &session,
+            &format!(
+                "CREATE EXTERNAL TABLE o STORED AS JSON LOCATION '{}'",
+                out.display()
+            ),
+        )
+        .await;
+        support::text_rows(&session, "SELECT value FROM o ORDER BY value")
+            .await
+            .iter()
+            .map(|v| v.parse().unwrap())
+            .collect()
+    })
+}
+
+#[test]
+fn queries_are_submitted_watched_and_stopped_over_http_with_json_errors() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(&dir.path().join("data"), &[]);
+    let out = dir.path().join("out");
+    let (status, created) = server.post("/api/v1/queries", &submit_body(&out));
+    assert_eq!(status, 201, "{created}");
+    let id = created["id"].as_str().unwrap().to_string();
+    server.wait_for_batch(&id, 2);
+
+    let (status, list) = server.get("/api/v1/queries");
+    assert_eq!(status, 200);
+    assert_eq!(list["queries"][0]["id"], id.as_str());
+    assert_eq!(list["queries"][0]["name"], "numbers");
+    let (_, one) = server.get(&format!("/api/v1/queries/{id}"));
+    assert!(
+        ["active", "waiting for data"].contains(&one["status"].as_str().unwrap()),
+        "{one}"
+    );
+    assert_eq!(
+        one["lastProgress"]["name"], "numbers",
+        "Spark's progress JSON"
+    );
+    let (_, progress) = server.get(&format!("/api/v1/queries/{id}/progress?since=0"));
+    let batches: Vec<u64> = progress["recentProgress"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["batchId"].as_u64().unwrap())
+        .collect();
+    assert!(
+        !batches.is_empty() && batches.iter().all(|&b| b > 0),
+        "{progress}"
+    );
+    let (_, health) = server.get(&format!("/api/v1/queries/{id}/health"));
+    assert!(
+        health["health"][0]["fallingBehind"].is_boolean(),
+        "{health}"
+    );
+
+    let (status, stopped) = server.post(&format!("/api/v1/queries/{id}/stop"), "");
+    assert_eq!(status, 200);
+    assert_eq!(stopped["status"], "stopped");
+    let written = values(&out);
+    assert_eq!(written, (0..written.len() as i64).collect::<Vec<_>>());
+
+    // The client's mistakes: 4xx with weir's error class, never a 500.
+    let (status, e) = server.get("/api/v1/queries/nope");
+    assert_eq!(
+        (status, e["errorClass"].as_str()),
+        (404, Some("STREAMING_QUERY_NOT_FOUND"))
+    );
+    let (status, e) = server.post("/api/v1/queries", "{not json");
+    assert_eq!(
+        (status, e["errorClass"].as_str()),
+        (400, Some("INVALID_REQUEST_BODY"))
+    );
+    let (status, e) = server.post("/api/v1/queries", r#"{"sql": "SELECT 1", "colour": 1}"#);
+    assert_eq!(
+        (status, e["errorClass"].as_str()),
+        (400, Some("INVALID_REQUEST_BODY"))
+    );
+    let (status, e) = server.post("/api/v1/queries", r#"{"sql": "SELEKT nothing"}"#);
+    assert_eq!(status, 400, "{e}");
+    assert!(
+        e["errorClass"].as_str().is_some() && e["sqlState"].as_str().is_some(),
+        "{e}"
+    );
+    let (status, e) = server.post("/api/v1/queries", r#"{"sql": "SELECT 1"}"#);
+    assert_eq!(
+        (status, e["errorClass"].as_str()),
+        (400, Some("NOT_A_STREAMING_QUERY"))
+    );
+    let big = format!(r#"{{"sql": "{}"}}"#, "x".repeat(2 << 20));
+    let (status, e) = server.post("/api/v1/queries", &big);
+    assert_eq!(
+        (status, e["errorClass"].as_str()),
+        (413, Some("REQUEST_TOO_LARGE"))
+    );
+    let (status, e) = server.get("/nowhere");
+    assert_eq!((status, e["errorClass"].as_str()), (404, Some("NOT_FOUND")));
+}
+
+#[test]
+fn a_server_killed_and_started_again_resumes_its_queries_losing_and_doubling_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let out = dir.path().join("out");
+    let first = Server::start(&data, &[]);
+    let (status, created) = first.post("/api/v1/queries", &submit_body(&out));
+    assert_eq!(status, 201, "{created}");
+    let id = created["id"].as_str().unwrap().to_string();
+    let before = first.wait_for_batch(&id, 3);
+    drop(first); // SIGKILL
+
+    let second = Server::start(&data, &[]);
+    let (_, q) = second.get(&format!("/api/v1/queries/{id}"));
+    assert_eq!(q["name"], "numbers", "{q}");
+    let after = second.wait_for_batch(&id, before + 3);
+    assert!(after > before);
+    let (status, _) = second.post(&format!("/api/v1/queries/{id}/stop"), "");
+    assert_eq!(status, 200);
+    let written = values(&out);
+    assert!(written.len() as u64 >= (after + 1) * 5, "{written:?}");
+    assert_eq!(
+        written,
+        (0..written.len() as i64).collect::<Vec<_>>(),
+        "every value once"
+    );
+    // Stopped stays stopped when the server starts again.
+    drop(second);
+    let third = Server::start(&data, &[]);
+    let (_, q) = third.get(&format!("/api/v1/queries/{id}"));
+    assert_eq!(q["status"], "stopped", "{q}");
+}
+
+#[test]
+fn a_token_is_required_when_the_server_has_one_and_off_loopback() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(&dir.path().join("data"), &["--token", "s3cret"]);
+    let (status, e) = server.get("/api/v1/queries");
+    assert_eq!(
+        (status, e["errorClass"].as_str()),
+        (401, Some("UNAUTHORIZED"))
+    );
+    let (status, _) = server.call("GET", "/api/v1/queries", "", Some("wrong"));
+    assert_eq!(status, 401);
+    let (status, list) = server.call("GET", "/api/v1/queries", "", Some("s3cret"));
+    assert_eq!(status, 200, "{list}");
+
+    let (ok, _, err) = support::weir(&[
+        "serve",
+        "--listen",
+        "0.0.0.0:0",
+        "--data",
+        dir.path().join("other").to_str().unwrap(),
+    ]);
+    assert!(!ok && err.contains("SERVER_TOKEN_REQUIRED"), "{err}");
+}
