@@ -10,6 +10,8 @@
 //! GET  /api/v1/queries/{id}/progress?since=N     recentProgress after batch N
 //! GET  /api/v1/queries/{id}/health               streaming_health's records
 //! POST /api/v1/queries/{id}/stop | /restart      the entry says stopped | running
+//! GET  /api/v1/checkpoints/inspect?path=DIR       what `weir checkpoint inspect --json` prints
+//! POST /api/v1/checkpoints/validate {path, sql}   what `weir checkpoint validate --json` prints
 //! start: every entry marked running is started again (its checkpoint resumes it)
 //! ```
 //!
@@ -235,12 +237,14 @@ fn router(state: Arc<AppState>) -> Router {
         .route("/api/v1/queries/{id}/health", get(health))
         .route("/api/v1/queries/{id}/stop", post(stop))
         .route("/api/v1/queries/{id}/restart", post(restart))
+        .route("/api/v1/checkpoints/inspect", get(inspect))
+        .route("/api/v1/checkpoints/validate", post(validate))
         .fallback(|| async {
             ApiError::new(
                 StatusCode::NOT_FOUND,
                 "NOT_FOUND",
                 "42704",
-                "No such endpoint: the API is under /api/v1/queries.",
+                "No such endpoint: the API is under /api/v1/queries and /api/v1/checkpoints.",
             )
         })
         .layer(axum::middleware::from_fn_with_state(
@@ -520,4 +524,75 @@ async fn restart(
     h.entry.running = true;
     state.registry.put(&h.entry).map_err(storage)?;
     Ok(axum::Json(status_of(h)))
+}
+
+#[derive(Debug, Deserialize)]
+struct CheckpointPath {
+    path: Option<String>,
+}
+
+/// `weir checkpoint inspect DIR --json`: reads the checkpoint, writes nothing.
+async fn inspect(Query(q): Query<CheckpointPath>) -> Result<axum::Json<Value>, ApiError> {
+    let path = q.path.ok_or_else(|| {
+        ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "INVALID_REQUEST_BODY",
+            "42000",
+            "Give the checkpoint as ?path=DIR.",
+        )
+    })?;
+    let location =
+        weir_common::Location::parse_existing_with(&path, std::iter::empty::<(&str, &str)>())
+            .map_err(|e| ApiError::of(&weir_engine::Error::from(e)))?;
+    let report = weir_engine::tools::inspect::inspect(location)
+        .await
+        .map_err(|e| ApiError::of(&e))?;
+    Ok(axum::Json(
+        serde_json::to_value(report).unwrap_or(Value::Null),
+    ))
+}
+
+/// The body of `POST /api/v1/checkpoints/validate`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ValidateRequest {
+    path: String,
+    sql: String,
+}
+
+/// `weir checkpoint validate DIR QUERY.sql --json`: would the SQL restart from the checkpoint?
+/// Writes nothing; the report's `accepted` answers.
+async fn validate(
+    State(state): State<Arc<AppState>>,
+    raw: Result<Bytes, BytesRejection>,
+) -> Result<axum::Json<Value>, ApiError> {
+    let req: ValidateRequest = body(raw)?;
+    let opts = ScriptOptions {
+        checkpoint: Some(req.path),
+        default_sink: Some("noop".into()),
+        ..Default::default()
+    };
+    let results = state
+        .session
+        .validate_script(&req.sql, &opts)
+        .await
+        .map_err(|e| ApiError::of(&e))?;
+    let report = results
+        .into_iter()
+        .find_map(|r| match r {
+            StatementResult::Validated(r) => Some(r),
+            _ => None,
+        })
+        .ok_or_else(|| {
+            ApiError::new(
+                StatusCode::BAD_REQUEST,
+                "NOT_A_STREAMING_QUERY",
+                "42K0E",
+                "The SQL starts no streaming query: there is nothing to validate against the \
+                 checkpoint.",
+            )
+        })?;
+    Ok(axum::Json(
+        serde_json::to_value(report.as_ref()).unwrap_or(Value::Null),
+    ))
 }

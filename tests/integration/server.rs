@@ -171,6 +171,45 @@ fn queries_are_submitted_watched_and_stopped_over_http_with_json_errors() {
     let (status, stopped) = server.post(&format!("/api/v1/queries/{id}/stop"), "");
     assert_eq!(status, 200);
     assert_eq!(stopped["status"], "stopped");
+    // The stopped query's checkpoint, inspected and validated over HTTP.
+    let checkpoint = one["checkpoint"].as_str().unwrap().to_string();
+    let (status, inspected) = server.get(&format!("/api/v1/checkpoints/inspect?path={checkpoint}"));
+    assert_eq!(status, 200, "{inspected}");
+    assert!(
+        inspected["lastCommitted"].as_u64().is_some_and(|b| b >= 2),
+        "{inspected}"
+    );
+    assert_eq!(inspected["queryId"], one["queryId"], "{inspected}");
+    let validate = |sql: String| {
+        server.post(
+            "/api/v1/checkpoints/validate",
+            &serde_json::json!({ "path": checkpoint, "sql": sql }).to_string(),
+        )
+    };
+    let (status, same) = validate(
+        serde_json::from_str::<Value>(&submit_body(&out)).unwrap()["sql"]
+            .as_str()
+            .unwrap()
+            .to_string(),
+    );
+    assert_eq!(
+        (status, same["accepted"].as_bool()),
+        (200, Some(true)),
+        "{same}"
+    );
+    let (status, other) = validate(format!(
+        "CREATE STREAMING TABLE numbers USING json LOCATION '{}' AS \
+         SELECT DISTINCT ON (value) value FROM STREAM rate_micro_batch(rowsPerBatch => 5, numPartitions => 1)",
+        out.display()
+    ));
+    assert_eq!(
+        (status, other["accepted"].as_bool()),
+        (200, Some(false)),
+        "{other}"
+    );
+    let (status, e) = server.get("/api/v1/checkpoints/inspect?path=/nonexistent/weir/ck");
+    assert!((400..500).contains(&status), "{status} {e}");
+    assert!(e["errorClass"].as_str().is_some(), "{e}");
     let written = values(&out);
     assert_eq!(written, (0..written.len() as i64).collect::<Vec<_>>());
 
