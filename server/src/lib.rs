@@ -8,6 +8,7 @@
 //! GET  /api/v1/queries            each query's status
 //! GET  /api/v1/queries/{id}       status, lastProgress (Spark's JSON), exception
 //! GET  /api/v1/queries/{id}/progress?since=N     recentProgress after batch N
+//! GET  /api/v1/queries/{id}/progress/stream?since=N   server-sent events, one per batch
 //! GET  /api/v1/queries/{id}/health               streaming_health's records
 //! POST /api/v1/queries/{id}/stop | /restart      the entry says stopped | running
 //! GET  /api/v1/checkpoints/inspect?path=DIR       what `weir checkpoint inspect --json` prints
@@ -234,6 +235,7 @@ fn router(state: Arc<AppState>) -> Router {
         .route("/api/v1/queries", post(submit).get(list))
         .route("/api/v1/queries/{id}", get(describe))
         .route("/api/v1/queries/{id}/progress", get(progress))
+        .route("/api/v1/queries/{id}/progress/stream", get(progress_stream))
         .route("/api/v1/queries/{id}/health", get(health))
         .route("/api/v1/queries/{id}/stop", post(stop))
         .route("/api/v1/queries/{id}/restart", post(restart))
@@ -473,6 +475,60 @@ async fn progress(
         .filter_map(|p| serde_json::to_value(p).ok())
         .collect();
     Ok(axum::Json(json!({ "recentProgress": recent })))
+}
+
+/// How often the progress stream looks for a new batch.
+const STREAM_POLL: std::time::Duration = std::time::Duration::from_millis(100);
+
+/// Server-sent events: each new progress record (after batch `since`) as an event `progress`
+/// whose id is its batch and whose data is Spark's JSON; the stream ends when the query stops.
+async fn progress_stream(
+    State(state): State<Arc<AppState>>,
+    Path(id): Path<String>,
+    Query(since): Query<Since>,
+) -> Result<Response, ApiError> {
+    use axum::response::sse::{Event, KeepAlive, Sse};
+    let handle = {
+        let queries = state.queries.lock().await;
+        let h = queries.get(&id).ok_or_else(|| ApiError::not_found(&id))?;
+        h.handle.clone().filter(|q| q.is_active())
+    };
+    let Some(handle) = handle else {
+        return Err(ApiError::new(
+            StatusCode::CONFLICT,
+            "STREAMING_QUERY_NOT_ACTIVE",
+            "55000",
+            format!(
+                "Query '{id}' is not running, so it has no progress to stream: POST \
+                 /api/v1/queries/{id}/restart, or read /api/v1/queries/{id}/progress."
+            ),
+        ));
+    };
+    let events = futures::stream::unfold((handle, since.since), |(q, last)| async move {
+        loop {
+            let next = q
+                .recent_progress()
+                .into_iter()
+                .find(|p| last.is_none_or(|l| p.batch_id > l));
+            if let Some(p) = next {
+                let event = Event::default()
+                    .event("progress")
+                    .id(p.batch_id.to_string())
+                    .data(p.json());
+                return Some((
+                    Ok::<_, std::convert::Infallible>(event),
+                    (q, Some(p.batch_id)),
+                ));
+            }
+            if !q.is_active() {
+                return None;
+            }
+            tokio::time::sleep(STREAM_POLL).await;
+        }
+    });
+    Ok(Sse::new(events)
+        .keep_alive(KeepAlive::default())
+        .into_response())
 }
 
 async fn health(

@@ -66,37 +66,53 @@ impl S3Server {
         .unwrap();
         let data = dir.path().join("data");
         std::fs::create_dir(&data).unwrap();
-        let [master, volume, filer, s3] = [(); 4].map(|()| free_port());
-        let child = Command::new(&weed)
-            .arg("mini")
-            .arg(format!("-dir={}", data.display()))
-            .arg(format!("-s3.config={}", config.display()))
-            .arg("-master.telemetry=false")
-            .args(["-ip=127.0.0.1", "-ip.bind=127.0.0.1", "-bucket=weir"])
-            .args(["-webdav=false", "-admin.ui=false"])
-            .arg(format!("-master.port={master}"))
-            .arg(format!("-volume.port={volume}"))
-            .arg(format!("-filer.port={filer}"))
-            .arg(format!("-s3.port={s3}"))
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap_or_else(|e| panic!("cannot start {weed}: {e}"));
-        let server = Self {
-            _turn: turn,
-            child,
-            endpoint: format!("http://127.0.0.1:{s3}"),
-            _dir: dir,
-        };
-        let started = Instant::now();
-        while TcpStream::connect(("127.0.0.1", s3)).is_err() {
-            assert!(
-                started.elapsed() < Duration::from_secs(30),
-                "SeaweedFS's S3 endpoint did not come up"
-            );
-            std::thread::sleep(Duration::from_millis(50));
+        // Free ports are picked, then bound by SeaweedFS: another process (a test's server on
+        // port 0) may take one in between, and then SeaweedFS exits or never serves. Try again
+        // with other ports.
+        for attempt in 1..=3 {
+            let [master, volume, filer, s3] = [(); 4].map(|()| free_port());
+            let mut child = Command::new(&weed)
+                .arg("mini")
+                .arg(format!("-dir={}", data.display()))
+                .arg(format!("-s3.config={}", config.display()))
+                .arg("-master.telemetry=false")
+                .args(["-ip=127.0.0.1", "-ip.bind=127.0.0.1", "-bucket=weir"])
+                .args(["-webdav=false", "-admin.ui=false"])
+                .arg(format!("-master.port={master}"))
+                .arg(format!("-volume.port={volume}"))
+                .arg(format!("-filer.port={filer}"))
+                .arg(format!("-s3.port={s3}"))
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .unwrap_or_else(|e| panic!("cannot start {weed}: {e}"));
+            let started = Instant::now();
+            let up = loop {
+                if TcpStream::connect(("127.0.0.1", s3)).is_ok() {
+                    break true;
+                }
+                if started.elapsed() > Duration::from_secs(30)
+                    || child.try_wait().ok().flatten().is_some()
+                {
+                    break false;
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            };
+            if up {
+                return Some(Self {
+                    _turn: turn,
+                    child,
+                    endpoint: format!("http://127.0.0.1:{s3}"),
+                    _dir: dir,
+                });
+            }
+            let _ = child.kill();
+            let _ = child.wait();
+            eprintln!("SeaweedFS did not come up (attempt {attempt}); trying other ports");
+            let _ = std::fs::remove_dir_all(&data);
+            std::fs::create_dir(&data).unwrap();
         }
-        Some(server)
+        panic!("SeaweedFS's S3 endpoint did not come up in three attempts")
     }
 
     /// The client options that point object_store at this server.

@@ -63,6 +63,25 @@ impl Server {
         (status, serde_json::from_str(text).unwrap_or(Value::Null))
     }
 
+    /// The data of the first `n` server-sent events of `GET path`.
+    fn events(&self, path: &str, n: usize) -> Vec<Value> {
+        let mut s = TcpStream::connect(&self.addr).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+        // HTTP/1.0: the body is not chunked, so each event line arrives whole.
+        write!(s, "GET {path} HTTP/1.0\r\nHost: {}\r\n\r\n", self.addr).unwrap();
+        let mut out = vec![];
+        for line in BufReader::new(s).lines() {
+            let line = line.unwrap();
+            if let Some(data) = line.strip_prefix("data: ") {
+                out.push(serde_json::from_str(data).unwrap());
+                if out.len() == n {
+                    break;
+                }
+            }
+        }
+        out
+    }
+
     fn get(&self, path: &str) -> (u16, Value) {
         self.call("GET", path, "", None)
     }
@@ -161,6 +180,17 @@ fn queries_are_submitted_watched_and_stopped_over_http_with_json_errors() {
     assert!(
         !batches.is_empty() && batches.iter().all(|&b| b > 0),
         "{progress}"
+    );
+    // Server-sent events: each batch after `since`, Spark's JSON, in order.
+    let streamed = server.events(&format!("/api/v1/queries/{id}/progress/stream?since=1"), 3);
+    let ids: Vec<u64> = streamed
+        .iter()
+        .map(|p| p["batchId"].as_u64().unwrap())
+        .collect();
+    assert_eq!(ids.len(), 3);
+    assert!(
+        ids[0] >= 2 && ids.windows(2).all(|w| w[1] == w[0] + 1),
+        "{ids:?}"
     );
     let (_, health) = server.get(&format!("/api/v1/queries/{id}/health"));
     assert!(
