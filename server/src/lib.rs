@@ -12,6 +12,7 @@
 //! GET  /api/v1/queries/{id}/health               streaming_health's records
 //! POST /api/v1/queries/{id}/stop | /restart      the entry says stopped | running
 //! GET  /api/v1/checkpoints/inspect?path=DIR       what `weir checkpoint inspect --json` prints
+//! GET  /metrics                                  Prometheus exposition (metrics.rs)
 //! POST /api/v1/checkpoints/validate {path, sql}   what `weir checkpoint validate --json` prints
 //! start: every entry marked running is started again (its checkpoint resumes it)
 //! ```
@@ -19,6 +20,7 @@
 //! Errors are JSON (`errorClass`, `sqlState`, `message`) with a 4xx status for the client's
 //! mistakes. Listening on anything but loopback needs a bearer token.
 
+mod metrics;
 mod registry;
 
 use std::collections::BTreeMap;
@@ -240,6 +242,7 @@ fn router(state: Arc<AppState>) -> Router {
         .route("/api/v1/queries/{id}/stop", post(stop))
         .route("/api/v1/queries/{id}/restart", post(restart))
         .route("/api/v1/checkpoints/inspect", get(inspect))
+        .route("/metrics", get(scrape))
         .route("/api/v1/checkpoints/validate", post(validate))
         .fallback(|| async {
             ApiError::new(
@@ -651,4 +654,39 @@ async fn validate(
     Ok(axum::Json(
         serde_json::to_value(report.as_ref()).unwrap_or(Value::Null),
     ))
+}
+
+/// `GET /metrics`.
+async fn scrape(State(state): State<Arc<AppState>>) -> Result<Response, ApiError> {
+    let scraped: Vec<metrics::Scraped> = state
+        .queries
+        .lock()
+        .await
+        .values()
+        .map(|h| {
+            let status = status_of(h);
+            metrics::Scraped {
+                id: h.entry.id.clone(),
+                name: h.entry.name.clone(),
+                status: status["status"].as_str().unwrap_or("unknown").to_string(),
+                last: h.handle.as_ref().and_then(|q| q.last_progress()),
+            }
+        })
+        .collect();
+    let text = metrics::exposition(&scraped).map_err(|e| {
+        ApiError::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "INTERNAL_ERROR",
+            "XX000",
+            format!("The metrics could not be written: {e}."),
+        )
+    })?;
+    Ok((
+        [(
+            axum::http::header::CONTENT_TYPE,
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        )],
+        text,
+    )
+        .into_response())
 }

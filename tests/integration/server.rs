@@ -82,6 +82,25 @@ impl Server {
         out
     }
 
+    /// `GET path`: the status and the body as text.
+    fn text(&self, path: &str) -> (u16, String) {
+        let mut s = TcpStream::connect(&self.addr).unwrap();
+        write!(s, "GET {path} HTTP/1.0\r\nHost: {}\r\n\r\n", self.addr).unwrap();
+        let mut out = String::new();
+        s.read_to_string(&mut out).unwrap();
+        let status = out
+            .split_whitespace()
+            .nth(1)
+            .and_then(|c| c.parse().ok())
+            .unwrap_or(0);
+        (
+            status,
+            out.split_once("\r\n\r\n")
+                .map_or("", |(_, b)| b)
+                .to_string(),
+        )
+    }
+
     fn get(&self, path: &str) -> (u16, Value) {
         self.call("GET", path, "", None)
     }
@@ -181,6 +200,41 @@ fn queries_are_submitted_watched_and_stopped_over_http_with_json_errors() {
         !batches.is_empty() && batches.iter().all(|&b| b > 0),
         "{progress}"
     );
+    // Prometheus metrics of the newest batch, parsed as Prometheus parses them.
+    let (status, metrics) = server.text("/metrics");
+    assert_eq!(status, 200);
+    let scrape = prometheus_parse::Scrape::parse(metrics.lines().map(|l| Ok(l.to_string())))
+        .unwrap_or_else(|e| panic!("{e}: {metrics}"));
+    let sample = |name: &str, label: (&str, &str)| {
+        scrape
+            .samples
+            .iter()
+            .find(|s| s.metric == name && s.labels.get(label.0) == Some(label.1))
+            .map(|s| match s.value {
+                prometheus_parse::Value::Gauge(v) | prometheus_parse::Value::Untyped(v) => v,
+                _ => f64::NAN,
+            })
+    };
+    assert!(
+        sample("weir_query_processed_rows_per_second", ("name", "numbers"))
+            .is_some_and(|v| v >= 0.0),
+        "{metrics}"
+    );
+    assert!(
+        sample(
+            "weir_query_operation_duration_ms",
+            ("operation", "triggerExecution")
+        )
+        .is_some(),
+        "{metrics}"
+    );
+    assert!(
+        sample("weir_queries", ("status", "active"))
+            .or(sample("weir_queries", ("status", "waiting for data")))
+            == Some(1.0),
+        "{metrics}"
+    );
+
     // Server-sent events: each batch after `since`, Spark's JSON, in order.
     let streamed = server.events(&format!("/api/v1/queries/{id}/progress/stream?since=1"), 3);
     let ids: Vec<u64> = streamed
