@@ -13,6 +13,7 @@
 //! POST /api/v1/queries/{id}/stop | /restart      the entry says stopped | running
 //! GET  /api/v1/checkpoints/inspect?path=DIR       what `weir checkpoint inspect --json` prints
 //! GET  /metrics                                  Prometheus exposition (metrics.rs)
+//! GET  /api/v1/openapi.json                      this API as an OpenAPI 3.1 description
 //! POST /api/v1/checkpoints/validate {path, sql}   what `weir checkpoint validate --json` prints
 //! start: every entry marked running is started again (its checkpoint resumes it)
 //! ```
@@ -243,6 +244,7 @@ fn router(state: Arc<AppState>) -> Router {
         .route("/api/v1/queries/{id}/restart", post(restart))
         .route("/api/v1/checkpoints/inspect", get(inspect))
         .route("/metrics", get(scrape))
+        .route("/api/v1/openapi.json", get(openapi))
         .route("/api/v1/checkpoints/validate", post(validate))
         .fallback(|| async {
             ApiError::new(
@@ -689,4 +691,119 @@ async fn scrape(State(state): State<Arc<AppState>>) -> Result<Response, ApiError
         text,
     )
         .into_response())
+}
+
+/// `GET /api/v1/openapi.json`: the API as OpenAPI 3.1.
+async fn openapi() -> axum::Json<Value> {
+    axum::Json(openapi_description())
+}
+
+/// The API's OpenAPI 3.1 description.
+pub fn openapi_description() -> Value {
+    let error = json!({ "description": "An error", "content": { "application/json": {
+        "schema": { "$ref": "#/components/schemas/Error" } } } });
+    let query = json!({ "description": "The query", "content": { "application/json": {
+        "schema": { "$ref": "#/components/schemas/Query" } } } });
+    let id = json!([{ "name": "id", "in": "path", "required": true,
+        "schema": { "type": "string" } }]);
+    let since = json!({ "name": "since", "in": "query", "required": false,
+        "schema": { "type": "integer", "minimum": 0 },
+        "description": "Only batches after this one" });
+    json!({
+        "openapi": "3.1.0",
+        "info": {
+            "title": "weir serve",
+            "version": env!("CARGO_PKG_VERSION"),
+            "description": "Streaming queries over HTTP. Errors carry weir's error class and \
+                SQLSTATE. Off loopback, every request needs Authorization: Bearer <token>."
+        },
+        "paths": {
+            "/api/v1/queries": {
+                "post": {
+                    "summary": "Start a streaming query (its SQL's one streaming statement)",
+                    "requestBody": { "required": true, "content": { "application/json": {
+                        "schema": { "$ref": "#/components/schemas/Submit" } } } },
+                    "responses": {
+                        "201": { "description": "Started: the server's id and the query's id" },
+                        "400": error, "413": error
+                    }
+                },
+                "get": {
+                    "summary": "Every query with its status",
+                    "responses": { "200": { "description": "{\"queries\": [Query]}" } }
+                }
+            },
+            "/api/v1/queries/{id}": {
+                "get": { "summary": "One query: status, lastProgress, exception",
+                    "parameters": id, "responses": { "200": query, "404": error } }
+            },
+            "/api/v1/queries/{id}/progress": {
+                "get": { "summary": "recentProgress (Spark's progress JSON)",
+                    "parameters": [id[0], since],
+                    "responses": { "200": { "description": "{\"recentProgress\": [...]}" },
+                        "404": error } }
+            },
+            "/api/v1/queries/{id}/progress/stream": {
+                "get": { "summary": "Server-sent events, one `progress` event per batch",
+                    "parameters": [id[0], since],
+                    "responses": { "200": { "description": "text/event-stream" },
+                        "404": error, "409": error } }
+            },
+            "/api/v1/queries/{id}/health": {
+                "get": { "summary": "streaming_health's records", "parameters": id,
+                    "responses": { "200": { "description": "{\"health\": [...]}" },
+                        "404": error } }
+            },
+            "/api/v1/queries/{id}/stop": {
+                "post": { "summary": "Stop; it stays stopped when the server starts again",
+                    "parameters": id, "responses": { "200": query, "404": error } }
+            },
+            "/api/v1/queries/{id}/restart": {
+                "post": { "summary": "Start again from its checkpoint", "parameters": id,
+                    "responses": { "200": query, "400": error, "404": error } }
+            },
+            "/api/v1/checkpoints/inspect": {
+                "get": { "summary": "weir checkpoint inspect --json",
+                    "parameters": [{ "name": "path", "in": "query", "required": true,
+                        "schema": { "type": "string" } }],
+                    "responses": { "200": { "description": "The checkpoint's report" },
+                        "400": error } }
+            },
+            "/api/v1/checkpoints/validate": {
+                "post": { "summary": "weir checkpoint validate --json: would the SQL restart?",
+                    "requestBody": { "required": true, "content": { "application/json": {
+                        "schema": { "type": "object", "required": ["path", "sql"],
+                            "properties": { "path": { "type": "string" },
+                                "sql": { "type": "string" } } } } } },
+                    "responses": { "200": { "description": "The report; accepted answers" },
+                        "400": error } }
+            },
+            "/metrics": {
+                "get": { "summary": "Prometheus / OpenMetrics text of every query's newest batch",
+                    "responses": { "200": { "description": "application/openmetrics-text" } } }
+            },
+            "/api/v1/openapi.json": {
+                "get": { "summary": "This description",
+                    "responses": { "200": { "description": "OpenAPI 3.1" } } }
+            }
+        },
+        "components": { "schemas": {
+            "Error": { "type": "object", "required": ["errorClass", "sqlState", "message"],
+                "properties": { "errorClass": { "type": "string" },
+                    "sqlState": { "type": "string" }, "message": { "type": "string" } } },
+            "Submit": { "type": "object", "required": ["sql"], "additionalProperties": false,
+                "properties": { "sql": { "type": "string" }, "name": { "type": "string" },
+                    "checkpoint": { "type": "string" },
+                    "trigger": { "type": "string", "examples": ["1 second", "availableNow"] } } },
+            "Query": { "type": "object", "properties": {
+                "id": { "type": "string" }, "name": { "type": ["string", "null"] },
+                "queryId": { "type": ["string", "null"] }, "sql": { "type": "string" },
+                "checkpoint": { "type": "string" },
+                "status": { "enum": ["active", "waiting for data", "stopped", "failed"] },
+                "message": { "type": "string" },
+                "lastProgress": { "type": ["object", "null"] },
+                "exception": { "oneOf": [{ "$ref": "#/components/schemas/Error" },
+                    { "type": "null" }] } } }
+        } }
+    })
 }

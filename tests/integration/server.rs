@@ -297,6 +297,24 @@ fn queries_are_submitted_watched_and_stopped_over_http_with_json_errors() {
     let written = values(&out);
     assert_eq!(written, (0..written.len() as i64).collect::<Vec<_>>());
 
+    // The OpenAPI description names every endpoint the tests call.
+    let (status, api) = server.get("/api/v1/openapi.json");
+    assert_eq!((status, api["openapi"].as_str()), (200, Some("3.1.0")));
+    for path in [
+        "/api/v1/queries",
+        "/api/v1/queries/{id}",
+        "/api/v1/queries/{id}/progress",
+        "/api/v1/queries/{id}/progress/stream",
+        "/api/v1/queries/{id}/health",
+        "/api/v1/queries/{id}/stop",
+        "/api/v1/queries/{id}/restart",
+        "/api/v1/checkpoints/inspect",
+        "/api/v1/checkpoints/validate",
+        "/metrics",
+    ] {
+        assert!(api["paths"][path].is_object(), "{path} in {api}");
+    }
+
     // The client's mistakes: 4xx with weir's error class, never a 500.
     let (status, e) = server.get("/api/v1/queries/nope");
     assert_eq!(
