@@ -211,6 +211,7 @@ enum Command {
     },
     /// Serve the HTTP API: submit, list, watch and stop streaming queries, kept across
     /// restarts of the server (issue 20, first part).
+    #[cfg(feature = "server")]
     Serve {
         /// Where to listen; anything but loopback needs a token.
         #[arg(long, default_value = "127.0.0.1:4040")]
@@ -796,6 +797,7 @@ async fn run(cli: Cli) -> anyhow::Result<std::process::ExitCode> {
             print!("{}", report.table()?);
             Ok(ExitCode::SUCCESS)
         }
+        #[cfg(feature = "server")]
         Command::Serve {
             listen,
             data,

@@ -23,6 +23,7 @@ mod files;
 mod kafka;
 mod pipelines;
 mod s3;
+#[cfg(feature = "server")]
 mod server;
 mod source_evolution;
 mod stateful;
