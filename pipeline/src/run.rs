@@ -690,7 +690,9 @@ pub(crate) fn flow_writer(
     df: DataFrame,
     trigger: Trigger,
 ) -> DataStreamWriter {
-    let df_plan = &df.logical_plan().clone();
+    // An AUTO CDC flow's sink merges on its keys.
+    let merge_keys =
+        weir_planner::auto_cdc::AutoCdcNode::of(df.logical_plan()).map(|n| n.keys.join(","));
     let mut writer = session
         .write_stream(df)
         .format("delta")
@@ -702,8 +704,8 @@ pub(crate) fn flow_writer(
     {
         writer = writer.option("partitionBy", t.partitioned_by.join(","));
     }
-    if let Some(node) = weir_planner::auto_cdc::AutoCdcNode::of(df_plan) {
-        writer = writer.option("weir.autoCdc.keys", node.keys.join(","));
+    if let Some(keys) = merge_keys {
+        writer = writer.option("weir.autoCdc.keys", keys);
     }
     writer
 }

@@ -550,17 +550,24 @@ async fn health(
     Ok(axum::Json(json!({ "health": records })))
 }
 
+/// Query `id`, its run stopped if it had one.
+async fn stopped<'a>(
+    queries: &'a mut BTreeMap<String, Hosted>,
+    id: &str,
+) -> Result<&'a mut Hosted, ApiError> {
+    let h = queries.get_mut(id).ok_or_else(|| ApiError::not_found(id))?;
+    if let Some(q) = &h.handle {
+        q.stop().await;
+    }
+    Ok(h)
+}
+
 async fn stop(
     State(state): State<Arc<AppState>>,
     Path(id): Path<String>,
 ) -> Result<axum::Json<Value>, ApiError> {
     let mut queries = state.queries.lock().await;
-    let h = queries
-        .get_mut(&id)
-        .ok_or_else(|| ApiError::not_found(&id))?;
-    if let Some(q) = &h.handle {
-        q.stop().await;
-    }
+    let h = stopped(&mut queries, &id).await?;
     h.entry.running = false;
     state.registry.put(&h.entry).map_err(storage)?;
     Ok(axum::Json(status_of(h)))
@@ -571,12 +578,7 @@ async fn restart(
     Path(id): Path<String>,
 ) -> Result<axum::Json<Value>, ApiError> {
     let mut queries = state.queries.lock().await;
-    let h = queries
-        .get_mut(&id)
-        .ok_or_else(|| ApiError::not_found(&id))?;
-    if let Some(q) = &h.handle {
-        q.stop().await;
-    }
+    let h = stopped(&mut queries, &id).await?;
     let handle = start(&state.session, &h.entry)
         .await
         .map_err(|e| ApiError::of(&e))?;
