@@ -506,6 +506,7 @@ async fn run(cli: Cli) -> anyhow::Result<std::process::ExitCode> {
                 } else {
                     None
                 },
+                ..Default::default()
             };
             options.check().map_err(weir::Error::from)?;
             let spec = pipeline_spec(spec)?;

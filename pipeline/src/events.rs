@@ -43,12 +43,44 @@ pub struct Event {
     pub details: Value,
 }
 
+/// Watches an update as it goes (`weir serve` shows live flow statuses and rates): every event
+/// as it is recorded, before it reaches the event log, and every micro-batch of its flows.
+/// Methods are called on the update's task or the session's listener thread: keep them short.
+pub trait UpdateObserver: Send + Sync {
+    /// An event of update `update_id` was recorded.
+    fn on_event(&self, _update_id: &str, _event: &Event) {}
+    /// Flow `flow` committed a micro-batch.
+    fn on_flow_progress(&self, _flow: &str, _progress: &weir_engine::StreamingQueryProgress) {}
+}
+
+/// An [`UpdateObserver`] in [`crate::UpdateOptions`].
+#[derive(Clone)]
+pub struct Observer(pub Arc<dyn UpdateObserver>);
+
+impl std::fmt::Debug for Observer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Observer")
+    }
+}
+
+/// Passes each flow's micro-batches (its query is named after it) to an observer.
+pub(crate) struct FlowListener(pub(crate) Arc<dyn UpdateObserver>);
+
+impl weir_engine::StreamingQueryListener for FlowListener {
+    fn on_query_progress(&self, e: &weir_engine::QueryProgressEvent) {
+        if let Some(flow) = &e.progress.name {
+            self.0.on_flow_progress(flow, &e.progress);
+        }
+    }
+}
+
 /// The events of one update, kept until it ends.
 #[derive(Debug)]
 pub struct UpdateEvents {
     pipeline: String,
     storage: String,
     update_id: String,
+    observer: Option<Observer>,
     events: Vec<Event>,
     /// How many of `events` are in the event log.
     written: usize,
@@ -64,12 +96,19 @@ fn now_us() -> i64 {
 }
 
 impl UpdateEvents {
-    /// A new update of pipeline `pipeline` whose storage is `storage`.
-    pub fn new(pipeline: &str, storage: &str) -> Self {
+    /// A new update of pipeline `pipeline` whose storage is `storage`, with `update_id` (a new
+    /// one if none), its events also passed to `observer`.
+    pub fn new(
+        pipeline: &str,
+        storage: &str,
+        update_id: Option<String>,
+        observer: Option<Observer>,
+    ) -> Self {
         Self {
             pipeline: pipeline.to_string(),
             storage: storage.to_string(),
-            update_id: uuid::Uuid::new_v4().to_string(),
+            update_id: update_id.unwrap_or_else(|| uuid::Uuid::new_v4().to_string()),
+            observer,
             events: vec![],
             written: 0,
             flushes: 0,
@@ -81,9 +120,16 @@ impl UpdateEvents {
         &self.update_id
     }
 
+    fn record(&mut self, event: Event) {
+        if let Some(o) = &self.observer {
+            o.0.on_event(&self.update_id, &event);
+        }
+        self.events.push(event);
+    }
+
     /// Records an update-level event.
     pub fn update(&mut self, event_type: &'static str, message: String, details: Value) {
-        self.events.push(Event {
+        self.record(Event {
             time_us: now_us(),
             event_type,
             flow: None,
@@ -96,7 +142,7 @@ impl UpdateEvents {
 
     /// Records a flow's status change.
     pub fn flow(&mut self, flow: &str, status: &str, message: String, details: Value) {
-        self.events.push(Event {
+        self.record(Event {
             time_us: now_us(),
             event_type: "flow_progress",
             flow: Some(flow.to_string()),
@@ -109,7 +155,7 @@ impl UpdateEvents {
 
     /// Records a flow's failure with `error`.
     pub fn flow_failed(&mut self, flow: &str, error: &Error) {
-        self.events.push(Event {
+        self.record(Event {
             time_us: now_us(),
             event_type: "flow_progress",
             flow: Some(flow.to_string()),

@@ -21,6 +21,7 @@ pub mod run;
 pub mod spec;
 
 pub use check::{FlowCheck, check_flows};
+pub use events::{Event, Observer, UpdateObserver};
 pub use graph::{Dataset, DatasetKind, Flow, FlowKind, Graph};
 pub use init::init_project;
 pub use run::{

@@ -94,6 +94,10 @@ pub struct UpdateOptions {
     /// this processing-time trigger interval and the materialized views are recomputed at
     /// each interval, until the update is stopped.
     pub continuous: Option<std::time::Duration>,
+    /// The update's id; a new one if none (`weir serve` gives it before the update starts).
+    pub update_id: Option<String>,
+    /// Sees the update's events and its flows' micro-batches as they happen.
+    pub observer: Option<crate::events::Observer>,
 }
 
 impl UpdateOptions {
@@ -213,6 +217,10 @@ impl Layout {
 /// How long AUTO CDC remembers a delete (Databricks' table property, here a pipeline setting).
 const TOMBSTONE_SETTING: &str = "pipelines.cdc.tombstoneGCThresholdInSeconds";
 
+/// How often a continuous update's flows run (Databricks' pipeline setting): `weir serve`
+/// reads it for a continuous pipeline; the CLI's `--trigger-interval` gives it there.
+pub const TRIGGER_INTERVAL_SETTING: &str = "pipelines.trigger.interval";
+
 /// The pipeline's AUTO CDC settings, kept in its sessions' configuration.
 #[derive(Debug, Clone, Copy)]
 struct CdcSettings {
@@ -271,6 +279,8 @@ pub fn session_for(spec: &PipelineSpec) -> Result<WeirSession, Error> {
             config = config.with_extension(Arc::new(CdcSettings {
                 tombstone_ttl_ms: seconds.saturating_mul(1000),
             }));
+        } else if lower == TRIGGER_INTERVAL_SETTING {
+            // Read where updates start; refused there when it is not a duration.
         } else if lower.starts_with("datafusion.") {
             config.options_mut().set(k, v).map_err(|e| {
                 Error::user(
@@ -285,8 +295,8 @@ pub fn session_for(spec: &PipelineSpec) -> Result<WeirSession, Error> {
                 "42K0I",
                 format!(
                     "The pipeline setting '{k}' is not one weir reads: give \
-                     spark.sql.shuffle.partitions, {TOMBSTONE_SETTING} or datafusion.* \
-                     settings, or remove it."
+                     spark.sql.shuffle.partitions, {TOMBSTONE_SETTING}, \
+                     {TRIGGER_INTERVAL_SETTING} or datafusion.* settings, or remove it."
                 ),
             ));
         }
@@ -314,7 +324,12 @@ pub async fn run_update_until(
 ) -> Result<Vec<FlowOutcome>, Error> {
     options.check()?;
     let (update, reset) = options.select(graph)?;
-    let mut events = UpdateEvents::new(&spec.name, &spec.storage);
+    let mut events = UpdateEvents::new(
+        &spec.name,
+        &spec.storage,
+        options.update_id.clone(),
+        options.observer.clone(),
+    );
     events.update(
         "create_update",
         format!(
@@ -328,12 +343,20 @@ pub async fn run_update_until(
             "full_refresh_all": options.full_refresh_all,
         }}),
     );
-    let mut result = run_selected(spec, graph, &update, &reset, &mut events).await;
+    let observed = |session: WeirSession| {
+        if let Some(o) = &options.observer {
+            session
+                .streams()
+                .add_listener(Arc::new(crate::events::FlowListener(Arc::clone(&o.0))));
+        }
+        session
+    };
+    let mut result = run_selected(spec, graph, &update, &reset, &mut events, &observed).await;
     let mut canceled = false;
     if let (Some(interval), Ok(outcomes)) = (options.continuous, &mut result)
         && outcomes.iter().all(|o| o.result.is_ok())
     {
-        match run_continuously(spec, graph, &update, interval, &mut events, stop).await {
+        match run_continuously(spec, graph, &update, interval, &mut events, &observed, stop).await {
             Ok((more, stopped)) => {
                 outcomes.extend(more);
                 canceled = stopped;
@@ -373,6 +396,7 @@ async fn run_selected(
     update: &BTreeSet<String>,
     reset: &BTreeSet<String>,
     events: &mut UpdateEvents,
+    observed: &(dyn Fn(WeirSession) -> WeirSession + Sync),
 ) -> Result<Vec<FlowOutcome>, Error> {
     let layout = Layout::new(&spec.storage);
     // Every selected flow plans, and restarts from its checkpoint (unless a full refresh drops
@@ -428,7 +452,7 @@ async fn run_selected(
         json!({ "update_progress": { "state": "RUNNING" } }),
     );
     events.flush().await?;
-    let session = session_for(spec)?;
+    let session = observed(session_for(spec)?);
     for k in reset {
         reset_dataset(&layout, &graph.datasets[k]).await?;
     }
@@ -698,6 +722,7 @@ pub(crate) fn flow_writer(
         .format("delta")
         .option("path", layout.table(dataset))
         .checkpoint_location(layout.checkpoint(&dataset.name, &flow.name))
+        .query_name(flow.name.clone())
         .trigger(trigger);
     if let Some(t) = &dataset.table
         && !t.partitioned_by.is_empty()
@@ -812,9 +837,10 @@ async fn run_continuously(
     update: &BTreeSet<String>,
     interval: std::time::Duration,
     events: &mut UpdateEvents,
+    observed: &(dyn Fn(WeirSession) -> WeirSession + Sync),
     stop: impl std::future::Future<Output = ()>,
 ) -> Result<(Vec<FlowOutcome>, bool), Error> {
-    let session = session_for(spec)?;
+    let session = observed(session_for(spec)?);
     let layout = Layout::new(&spec.storage);
     register_tables(&session, &layout, graph).await;
     register_views(&session, graph).await;

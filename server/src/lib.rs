@@ -15,6 +15,7 @@
 //! GET  /metrics                                  Prometheus exposition (metrics.rs)
 //! GET  /api/v1/openapi.json                      this API as an OpenAPI 3.1 description
 //! POST /api/v1/checkpoints/validate {path, sql}   what `weir checkpoint validate --json` prints
+//! /api/2.0/pipelines...                          pipelines, in Databricks' shape (pipelines.rs)
 //! start: every entry marked running is started again (its checkpoint resumes it)
 //! ```
 //!
@@ -22,6 +23,7 @@
 //! mistakes. Listening on anything but loopback needs a bearer token.
 
 mod metrics;
+mod pipelines;
 mod registry;
 
 use std::collections::BTreeMap;
@@ -138,6 +140,7 @@ struct AppState {
     data: PathBuf,
     token: Option<String>,
     queries: Mutex<BTreeMap<String, Hosted>>,
+    pipelines: pipelines::Pipelines,
 }
 
 /// Runs the server until `shutdown` completes: restarts the registry's running queries, then
@@ -166,6 +169,7 @@ pub async fn serve(
         data: config.data.clone(),
         token: config.token.clone(),
         queries: Mutex::new(BTreeMap::new()),
+        pipelines: pipelines::Pipelines::open(&config.data).map_err(storage)?,
     });
     for entry in state.registry.entries().map_err(storage)? {
         let (handle, start_error) = if entry.running {
@@ -221,6 +225,7 @@ pub async fn serve(
             q.stop().await;
         }
     }
+    state.pipelines.stop_all().await;
     Ok(())
 }
 
@@ -246,12 +251,31 @@ fn router(state: Arc<AppState>) -> Router {
         .route("/metrics", get(scrape))
         .route("/api/v1/openapi.json", get(openapi))
         .route("/api/v1/checkpoints/validate", post(validate))
+        .route(
+            "/api/2.0/pipelines",
+            post(pipelines::create).get(pipelines::list),
+        )
+        .route(
+            "/api/2.0/pipelines/{id}",
+            get(pipelines::describe).delete(pipelines::delete),
+        )
+        .route(
+            "/api/2.0/pipelines/{id}/updates",
+            post(pipelines::start_update).get(pipelines::list_updates),
+        )
+        .route(
+            "/api/2.0/pipelines/{id}/updates/{update_id}",
+            get(pipelines::get_update),
+        )
+        .route("/api/2.0/pipelines/{id}/stop", post(pipelines::stop))
+        .route("/api/2.0/pipelines/{id}/events", get(pipelines::events))
         .fallback(|| async {
             ApiError::new(
                 StatusCode::NOT_FOUND,
                 "NOT_FOUND",
                 "42704",
-                "No such endpoint: the API is under /api/v1/queries and /api/v1/checkpoints.",
+                "No such endpoint: the API is under /api/v1/queries, /api/v1/checkpoints and \
+                 /api/2.0/pipelines (GET /api/v1/openapi.json describes it).",
             )
         })
         .layer(axum::middleware::from_fn_with_state(
@@ -439,6 +463,7 @@ fn status_of(h: &Hosted) -> Value {
         "checkpoint": h.entry.checkpoint,
         "status": state,
         "message": message,
+        "batchesBehind": last.as_ref().map(metrics::batches_behind),
         "lastProgress": last.map(|p| serde_json::to_value(p).unwrap_or(Value::Null)),
         "exception": exception,
     })
@@ -784,6 +809,60 @@ pub fn openapi_description() -> Value {
                 "get": { "summary": "Prometheus / OpenMetrics text of every query's newest batch",
                     "responses": { "200": { "description": "application/openmetrics-text" } } }
             },
+            "/api/2.0/pipelines": {
+                "post": {
+                    "summary": "Create a pipeline from its spec file or Databricks' fields",
+                    "requestBody": { "required": true, "content": { "application/json": {
+                        "schema": { "$ref": "#/components/schemas/CreatePipeline" } } } },
+                    "responses": { "200": { "description": "{\"pipeline_id\": ...}" },
+                        "400": error, "409": error }
+                },
+                "get": { "summary": "Every pipeline with its state and latest updates",
+                    "responses": { "200": { "description": "{\"statuses\": [...]}" } } }
+            },
+            "/api/2.0/pipelines/{id}": {
+                "get": { "summary": "State, spec, graph (datasets and flows), latest updates, \
+                        the newest update's flows live", "parameters": id,
+                    "responses": { "200": { "description": "The pipeline" }, "404": error } },
+                "delete": { "summary": "Forget the pipeline (its storage stays)",
+                    "parameters": id,
+                    "responses": { "200": { "description": "{}" }, "404": error,
+                        "409": error } }
+            },
+            "/api/2.0/pipelines/{id}/updates": {
+                "post": { "summary": "Start an update (what `weir pipeline run` runs)",
+                    "parameters": id,
+                    "requestBody": { "required": false, "content": { "application/json": {
+                        "schema": { "$ref": "#/components/schemas/StartUpdate" } } } },
+                    "responses": { "200": { "description": "{\"update_id\": ...}" },
+                        "400": error, "404": error, "409": error } },
+                "get": { "summary": "The pipeline's updates, newest first", "parameters": id,
+                    "responses": { "200": { "description": "{\"updates\": [...]}" },
+                        "404": error } }
+            },
+            "/api/2.0/pipelines/{id}/updates/{update_id}": {
+                "get": { "summary": "One update: its state, selections, flows",
+                    "parameters": [id[0], { "name": "update_id", "in": "path",
+                        "required": true, "schema": { "type": "string" } }],
+                    "responses": { "200": { "description": "{\"update\": {...}}" },
+                        "404": error } }
+            },
+            "/api/2.0/pipelines/{id}/stop": {
+                "post": { "summary": "Stop the running update (a continuous one)",
+                    "parameters": id,
+                    "responses": { "200": { "description": "{\"stopping_update_id\"}" },
+                        "404": error } }
+            },
+            "/api/2.0/pipelines/{id}/events": {
+                "get": { "summary": "The event log's events, newest first",
+                    "parameters": [id[0],
+                        { "name": "max_results", "in": "query", "required": false,
+                            "schema": { "type": "integer", "minimum": 0 } },
+                        { "name": "update_id", "in": "query", "required": false,
+                            "schema": { "type": "string" } }],
+                    "responses": { "200": { "description": "{\"events\": [...]}" },
+                        "404": error } }
+            },
             "/api/v1/openapi.json": {
                 "get": { "summary": "This description",
                     "responses": { "200": { "description": "OpenAPI 3.1" } } }
@@ -797,11 +876,28 @@ pub fn openapi_description() -> Value {
                 "properties": { "sql": { "type": "string" }, "name": { "type": "string" },
                     "checkpoint": { "type": "string" },
                     "trigger": { "type": "string", "examples": ["1 second", "availableNow"] } } },
+            "CreatePipeline": { "type": "object", "additionalProperties": false,
+                "description": "Either spec, or name, storage and libraries",
+                "properties": { "spec": { "type": "string" }, "name": { "type": "string" },
+                    "storage": { "type": "string" },
+                    "libraries": { "type": "array", "items": { "type": "object" } },
+                    "configuration": { "type": "object",
+                        "additionalProperties": { "type": "string" } },
+                    "root_path": { "type": "string" }, "continuous": { "type": "boolean" } } },
+            "StartUpdate": { "type": "object", "additionalProperties": false,
+                "properties": { "full_refresh": { "type": "boolean" },
+                    "refresh_selection": { "type": "array", "items": { "type": "string" } },
+                    "full_refresh_selection": { "type": "array",
+                        "items": { "type": "string" } },
+                    "reset_checkpoint_selection": { "type": "array",
+                        "items": { "type": "string" } },
+                    "cause": { "type": "string" } } },
             "Query": { "type": "object", "properties": {
                 "id": { "type": "string" }, "name": { "type": ["string", "null"] },
                 "queryId": { "type": ["string", "null"] }, "sql": { "type": "string" },
                 "checkpoint": { "type": "string" },
                 "status": { "enum": ["active", "waiting for data", "stopped", "failed"] },
+                "batchesBehind": { "type": ["integer", "null"] },
                 "message": { "type": "string" },
                 "lastProgress": { "type": ["object", "null"] },
                 "exception": { "oneOf": [{ "$ref": "#/components/schemas/Error" },

@@ -12,6 +12,9 @@
 //! weir_query_rows_dropped_by_watermark{..., operator}       numRowsDroppedByWatermark
 //! weir_query_watermark_lag_ms{query_id, name}               eventTime max − watermark
 //! weir_query_falling_behind{query_id, name}                 1 when input outpaces processing
+//! weir_query_batches_behind{query_id, name}                 batches of the newest one's size
+//!                                                           between its end and the newest
+//!                                                           offset its sources knew of
 //! weir_queries{status}                                      hosted queries by status
 //! ```
 
@@ -91,6 +94,12 @@ pub(crate) fn exposition(queries: &[Scraped]) -> Result<String, std::fmt::Error>
         "weir_query_falling_behind",
         &mut registry,
     );
+    let batches_behind_family = query(
+        "Batches of the newest batch's size still to read: its sources' newest offsets less its \
+         end offsets",
+        "weir_query_batches_behind",
+        &mut registry,
+    );
     let operations = Family::<OperationLabels, FloatGauge>::default();
     registry.register(
         "weir_query_operation_duration_ms",
@@ -141,6 +150,9 @@ pub(crate) fn exposition(queries: &[Scraped]) -> Result<String, std::fmt::Error>
         behind
             .get_or_create(&labels)
             .set(if falling { 1.0 } else { 0.0 });
+        batches_behind_family
+            .get_or_create(&labels)
+            .set(batches_behind(p) as f64);
         if let (Some(max), Some(wm)) = (p.event_time.get("max"), p.event_time.get("watermark"))
             && let (Ok(max), Ok(wm)) = (
                 chrono::DateTime::parse_from_rfc3339(max),
@@ -177,4 +189,71 @@ pub(crate) fn exposition(queries: &[Scraped]) -> Result<String, std::fmt::Error>
     let mut out = String::new();
     prometheus_client::encoding::text::encode(&mut out, &registry)?;
     Ok(out)
+}
+
+/// The sum of the numbers in an offset (`{"0": 12, "1": 9}`, `{"topic": {"0": 5}}`, `42`),
+/// whatever its source's shape; none when it holds none.
+fn offset_sum(v: &serde_json::Value) -> Option<f64> {
+    match v {
+        serde_json::Value::Number(n) => n.as_f64(),
+        serde_json::Value::Object(m) => m.values().filter_map(offset_sum).reduce(|a, b| a + b),
+        serde_json::Value::Array(a) => a.iter().filter_map(offset_sum).reduce(|a, b| a + b),
+        // Offsets kept as text ("12") count as numbers.
+        serde_json::Value::String(s) => s.parse().ok(),
+        _ => None,
+    }
+}
+
+/// How many batches of the newest batch's size lie between where it ended and the newest
+/// offset its sources knew of (the largest over its sources); 0 when it read all there was.
+/// A source whose offsets hold no numbers does not count.
+pub(crate) fn batches_behind(p: &StreamingQueryProgress) -> u64 {
+    p.sources
+        .iter()
+        .filter_map(|s| {
+            let end = offset_sum(s.end_offset.as_ref()?)?;
+            let latest = offset_sum(s.latest_offset.as_ref()?)?;
+            let start = s.start_offset.as_ref().and_then(offset_sum).unwrap_or(end);
+            let backlog = latest - end;
+            if backlog <= 0.0 {
+                return Some(0);
+            }
+            let step = (end - start).max(1.0);
+            Some((backlog / step).ceil() as u64)
+        })
+        .max()
+        .unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn progress(start: &str, end: &str, latest: &str) -> StreamingQueryProgress {
+        let mut p = StreamingQueryProgress::default();
+        p.sources.push(weir_engine::SourceProgress {
+            start_offset: serde_json::from_str(start).ok(),
+            end_offset: serde_json::from_str(end).ok(),
+            latest_offset: serde_json::from_str(latest).ok(),
+            ..Default::default()
+        });
+        p
+    }
+
+    #[test]
+    fn batches_behind_counts_the_newest_batch_size_to_the_newest_offset() {
+        // Kafka-like: two partitions, the batch read 10, 25 more are there.
+        let p = progress(
+            r#"{"t":{"0":0,"1":0}}"#,
+            r#"{"t":{"0":5,"1":5}}"#,
+            r#"{"t":{"0":20,"1":15}}"#,
+        );
+        assert_eq!(batches_behind(&p), 3);
+        // Caught up.
+        assert_eq!(batches_behind(&progress("3", "7", "7")), 0);
+        // No offsets with numbers: nothing known.
+        assert_eq!(batches_behind(&progress(r#""a""#, r#""b""#, r#""c""#)), 0);
+        // A batch that read nothing with data waiting: the backlog in offset units.
+        assert_eq!(batches_behind(&progress("7", "7", "9")), 2);
+    }
 }

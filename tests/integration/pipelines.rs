@@ -4,7 +4,7 @@
 use crate::support;
 
 /// A project in `dir` whose one library file holds `sql`.
-fn project(dir: &std::path::Path, sql: &str) -> std::path::PathBuf {
+pub(crate) fn project(dir: &std::path::Path, sql: &str) -> std::path::PathBuf {
     let project = dir.join("p");
     std::fs::create_dir_all(project.join("transformations")).unwrap();
     std::fs::write(
@@ -51,7 +51,7 @@ pub(crate) fn rows(project: &std::path::Path, tables: &[&str], sql: &str) -> Vec
     })
 }
 
-const PIPELINE: &str = "
+pub(crate) const PIPELINE: &str = "
 CREATE STREAMING TABLE raw AS
 SELECT value FROM STREAM rate_micro_batch(rowsPerBatch => 4);
 

@@ -310,6 +310,12 @@ fn queries_are_submitted_watched_and_stopped_over_http_with_json_errors() {
         "/api/v1/queries/{id}/restart",
         "/api/v1/checkpoints/inspect",
         "/api/v1/checkpoints/validate",
+        "/api/2.0/pipelines",
+        "/api/2.0/pipelines/{id}",
+        "/api/2.0/pipelines/{id}/updates",
+        "/api/2.0/pipelines/{id}/updates/{update_id}",
+        "/api/2.0/pipelines/{id}/stop",
+        "/api/2.0/pipelines/{id}/events",
         "/metrics",
     ] {
         assert!(api["paths"][path].is_object(), "{path} in {api}");
@@ -407,4 +413,238 @@ fn a_token_is_required_when_the_server_has_one_and_off_loopback() {
         dir.path().join("other").to_str().unwrap(),
     ]);
     assert!(!ok && err.contains("SERVER_TOKEN_REQUIRED"), "{err}");
+}
+
+impl Server {
+    /// Waits until update `update` of pipeline `id` is in one of `states`; the update.
+    fn wait_for_update(&self, id: &str, update: &str, states: &[&str]) -> Value {
+        let deadline = Instant::now() + Duration::from_secs(120);
+        loop {
+            let (status, u) = self.get(&format!("/api/2.0/pipelines/{id}/updates/{update}"));
+            assert_eq!(status, 200, "{u}");
+            if states.iter().any(|s| u["update"]["state"] == *s) {
+                return u["update"].clone();
+            }
+            assert!(
+                Instant::now() < deadline,
+                "update never got to {states:?}: {u}"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+}
+
+#[test]
+fn pipelines_are_created_updated_with_databricks_selections_and_their_events_read_over_http() {
+    use crate::pipelines::{PIPELINE, project, rows};
+    let dir = tempfile::tempdir().unwrap();
+    let project = project(dir.path(), PIPELINE);
+    let server = Server::start(&dir.path().join("data"), &[]);
+    let spec = project.join("weir-pipeline.yml");
+    let (status, created) = server.post(
+        "/api/2.0/pipelines",
+        &serde_json::json!({ "spec": spec }).to_string(),
+    );
+    assert_eq!(status, 200, "{created}");
+    let id = created["pipeline_id"].as_str().unwrap().to_string();
+    // The same name twice is refused.
+    let (status, e) = server.post(
+        "/api/2.0/pipelines",
+        &serde_json::json!({ "spec": spec }).to_string(),
+    );
+    assert_eq!(
+        (status, e["errorClass"].as_str()),
+        (409, Some("PIPELINE_ALREADY_EXISTS"))
+    );
+    let (_, list) = server.get("/api/2.0/pipelines");
+    assert_eq!(list["statuses"][0]["name"], "p", "{list}");
+    assert_eq!(list["statuses"][0]["state"], "IDLE", "{list}");
+
+    // The graph, read from the files.
+    let (_, p) = server.get(&format!("/api/2.0/pipelines/{id}"));
+    let flows: Vec<&str> = p["graph"]["flows"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| f["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(flows, ["raw", "evens", "odds", "seed", "total"], "{p}");
+    assert_eq!(p["graph"]["flows"][1]["reads"], serde_json::json!(["raw"]));
+
+    // An update of everything (an empty body, as Databricks takes it).
+    let (status, started) = server.post(&format!("/api/2.0/pipelines/{id}/updates"), "");
+    assert_eq!(status, 200, "{started}");
+    let first = started["update_id"].as_str().unwrap().to_string();
+    let u = server.wait_for_update(&id, &first, &["COMPLETED", "FAILED"]);
+    assert_eq!(u["state"], "COMPLETED", "{u}");
+    assert_eq!(u["flows"]["seed"], "COMPLETED", "{u}");
+    assert_eq!(u["live_flows"]["raw"]["status"], "COMPLETED", "{u}");
+    assert_eq!(u["live_flows"]["raw"]["input_rows"], 4, "{u}");
+    assert_eq!(
+        rows(
+            &project,
+            &["all_rows"],
+            "SELECT value FROM all_rows ORDER BY value"
+        ),
+        ["-1", "0", "1", "2", "3"]
+    );
+
+    // Its events, from the event log, newest first.
+    let (_, ev) = server.get(&format!(
+        "/api/2.0/pipelines/{id}/events?update_id={first}&max_results=1000"
+    ));
+    let events = ev["events"].as_array().unwrap();
+    assert_eq!(
+        events[0]["details"]["update_progress"]["state"], "COMPLETED",
+        "{ev}"
+    );
+    assert_eq!(
+        events.last().unwrap()["event_type"],
+        "create_update",
+        "{ev}"
+    );
+    assert!(
+        events.iter().any(|e| e["origin"]["flow_name"] == "evens"
+            && e["details"]["flow_progress"]["status"] == "RUNNING"
+            && e["details"]["flow_progress"]["progress"]["numInputRows"] == 4
+            && e["details"]["flow_progress"]["progress"]["sink"]["numOutputRows"] == 2),
+        "{ev}"
+    );
+
+    // Selections the pipeline cannot mean are refused before anything runs.
+    for (body, class) in [
+        (
+            r#"{"refresh_selection": ["nope"]}"#,
+            "TABLE_OR_VIEW_NOT_FOUND",
+        ),
+        (
+            r#"{"reset_checkpoint_selection": ["nope"]}"#,
+            "PIPELINE_FLOW_NOT_FOUND",
+        ),
+        (
+            r#"{"full_refresh": true, "refresh_selection": ["raw"]}"#,
+            "CONFLICTING_PIPELINE_REFRESH_OPTIONS",
+        ),
+        (r#"{"full_refresh": "yes"}"#, "INVALID_REQUEST_BODY"),
+    ] {
+        let (status, e) = server.post(&format!("/api/2.0/pipelines/{id}/updates"), body);
+        assert_eq!(
+            (status, e["errorClass"].as_str()),
+            (400, Some(class)),
+            "{body}: {e}"
+        );
+    }
+    let (status, e) = server.post("/api/2.0/pipelines/nope/updates", "");
+    assert_eq!(
+        (status, e["errorClass"].as_str()),
+        (404, Some("PIPELINE_NOT_FOUND"))
+    );
+
+    // A selective update: only `total` is refreshed (fully); nothing else reads a batch.
+    let (_, started) = server.post(
+        &format!("/api/2.0/pipelines/{id}/updates"),
+        r#"{"full_refresh_selection": ["total"]}"#,
+    );
+    let second = started["update_id"].as_str().unwrap().to_string();
+    let u = server.wait_for_update(&id, &second, &["COMPLETED", "FAILED"]);
+    assert_eq!(u["state"], "COMPLETED", "{u}");
+    assert_eq!(u["flows"]["raw"], "EXCLUDED", "{u}");
+    assert_eq!(u["flows"]["total"], "COMPLETED", "{u}");
+    assert_eq!(
+        rows(&project, &["total"], "SELECT n, s FROM total"),
+        ["4,6"]
+    );
+
+    // A reset of one flow's checkpoint, then an update of everything.
+    let (_, started) = server.post(
+        &format!("/api/2.0/pipelines/{id}/updates"),
+        r#"{"reset_checkpoint_selection": ["evens"], "cause": "API_CALL"}"#,
+    );
+    let third = started["update_id"].as_str().unwrap().to_string();
+    let u = server.wait_for_update(&id, &third, &["COMPLETED", "FAILED"]);
+    assert_eq!(u["state"], "COMPLETED", "{u}");
+    assert_eq!(
+        u["reset_checkpoint_selection"],
+        serde_json::json!(["evens"])
+    );
+    let (_, updates) = server.get(&format!("/api/2.0/pipelines/{id}/updates"));
+    assert_eq!(updates["updates"].as_array().unwrap().len(), 3, "{updates}");
+    assert_eq!(updates["updates"][0]["update_id"], third.as_str());
+}
+
+#[test]
+fn a_continuous_pipeline_runs_until_stopped_and_a_killed_server_knows_its_pipelines_again() {
+    let dir = tempfile::tempdir().unwrap();
+    let lib = dir.path().join("lib");
+    std::fs::create_dir_all(&lib).unwrap();
+    std::fs::write(
+        lib.join("t.sql"),
+        "CREATE STREAMING TABLE numbers AS \
+         SELECT value FROM STREAM rate_micro_batch(rowsPerBatch => 3);",
+    )
+    .unwrap();
+    let data = dir.path().join("data");
+    let server = Server::start(&data, &[]);
+    // Created from Databricks' fields rather than a spec file.
+    let body = serde_json::json!({
+        "name": "cont",
+        "storage": dir.path().join("store"),
+        "root_path": dir.path(),
+        "libraries": [{ "glob": { "include": "lib/**" } }],
+        "configuration": { "pipelines.trigger.interval": "100 milliseconds" },
+        "continuous": true,
+    });
+    let (status, created) = server.post("/api/2.0/pipelines", &body.to_string());
+    assert_eq!(status, 200, "{created}");
+    let id = created["pipeline_id"].as_str().unwrap().to_string();
+    let (_, started) = server.post(&format!("/api/2.0/pipelines/{id}/updates"), "{}");
+    let update = started["update_id"].as_str().unwrap().to_string();
+    // It runs continuously: the flow's batches keep coming, and a second update waits.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let (_, p) = server.get(&format!("/api/2.0/pipelines/{id}"));
+        if p["flows"]["numbers"]["last_progress"]["batchId"].as_u64() >= Some(3) {
+            assert_eq!(p["state"], "RUNNING", "{p}");
+            break;
+        }
+        assert!(Instant::now() < deadline, "no batches: {p}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let (status, e) = server.post(&format!("/api/2.0/pipelines/{id}/updates"), "");
+    assert_eq!(
+        (status, e["errorClass"].as_str()),
+        (409, Some("PIPELINE_UPDATE_ALREADY_RUNNING"))
+    );
+    let (status, _) = server.post(&format!("/api/2.0/pipelines/{id}/stop"), "");
+    assert_eq!(status, 200);
+    let u = server.wait_for_update(&id, &update, &["CANCELED", "FAILED", "COMPLETED"]);
+    assert_eq!(u["state"], "CANCELED", "{u}");
+
+    // Killed during an update: started again, it knows the pipeline, and the update that was
+    // running is CANCELED.
+    let (_, started) = server.post(&format!("/api/2.0/pipelines/{id}/updates"), "");
+    let killed = started["update_id"].as_str().unwrap().to_string();
+    server.wait_for_update(&id, &killed, &["RUNNING"]);
+    drop(server); // SIGKILL
+    let server = Server::start(&data, &[]);
+    let (_, p) = server.get(&format!("/api/2.0/pipelines/{id}"));
+    assert_eq!(p["name"], "cont", "{p}");
+    assert_eq!(p["latest_updates"][0]["update_id"], killed.as_str(), "{p}");
+    assert_eq!(p["latest_updates"][0]["state"], "CANCELED", "{p}");
+    // The stopped update's events, now from the event log.
+    let (_, ev) = server.get(&format!(
+        "/api/2.0/pipelines/{id}/events?update_id={update}"
+    ));
+    assert_eq!(
+        ev["events"][0]["details"]["update_progress"]["state"], "CANCELED",
+        "{ev}"
+    );
+    assert!(
+        !ev["events"][0]["id"].as_str().unwrap().starts_with(&update),
+        "read from the log, not memory: {ev}"
+    );
+    let (status, _) = server.call("DELETE", &format!("/api/2.0/pipelines/{id}"), "", None);
+    assert_eq!(status, 200);
+    let (status, _) = server.get(&format!("/api/2.0/pipelines/{id}"));
+    assert_eq!(status, 404);
 }

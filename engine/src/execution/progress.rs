@@ -6,7 +6,7 @@ use serde::Serialize;
 use uuid::Uuid;
 
 /// The progress of one micro-batch (`StreamingQueryProgress`).
-#[derive(Debug, Clone, Serialize, PartialEq)]
+#[derive(Debug, Clone, Default, Serialize, PartialEq)]
 #[serde(rename_all = "camelCase")]
 pub struct StreamingQueryProgress {
     /// The query's ID (kept across restarts).
@@ -93,7 +93,7 @@ impl StateOperatorProgress {
 }
 
 /// One source's part of a progress record.
-#[derive(Debug, Clone, Serialize, PartialEq)]
+#[derive(Debug, Clone, Default, Serialize, PartialEq)]
 #[serde(rename_all = "camelCase")]
 pub struct SourceProgress {
     /// The source's description.
@@ -113,7 +113,7 @@ pub struct SourceProgress {
 }
 
 /// The sink's part of a progress record.
-#[derive(Debug, Clone, Serialize, PartialEq)]
+#[derive(Debug, Clone, Default, Serialize, PartialEq)]
 #[serde(rename_all = "camelCase")]
 pub struct SinkProgress {
     /// The sink's description.
