@@ -14,6 +14,7 @@
 //! GET  /api/v1/checkpoints/inspect?path=DIR       what `weir checkpoint inspect --json` prints
 //! GET  /metrics                                  Prometheus exposition (metrics.rs)
 //! GET  /api/v1/openapi.json                      this API as an OpenAPI 3.1 description
+//! GET  /  and /ui/*                              the web UI (ui.rs), inside the binary
 //! POST /api/v1/checkpoints/validate {path, sql}   what `weir checkpoint validate --json` prints
 //! /api/2.0/pipelines...                          pipelines, in Databricks' shape (pipelines.rs)
 //! start: every entry marked running is started again (its checkpoint resumes it)
@@ -25,6 +26,7 @@
 mod metrics;
 mod pipelines;
 mod registry;
+mod ui;
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -248,6 +250,8 @@ fn router(state: Arc<AppState>) -> Router {
         .route("/api/v1/queries/{id}/stop", post(stop))
         .route("/api/v1/queries/{id}/restart", post(restart))
         .route("/api/v1/checkpoints/inspect", get(inspect))
+        .route("/", get(ui::index))
+        .route("/ui/{name}", get(ui::asset))
         .route("/metrics", get(scrape))
         .route("/api/v1/openapi.json", get(openapi))
         .route("/api/v1/checkpoints/validate", post(validate))
@@ -293,7 +297,9 @@ async fn authorize(
     request: Request,
     next: Next,
 ) -> Response {
-    if let Some(token) = &state.token {
+    if let Some(token) = &state.token
+        && !ui::is_ui(request.uri().path())
+    {
         let given = headers
             .get(axum::http::header::AUTHORIZATION)
             .and_then(|v| v.to_str().ok())
@@ -441,6 +447,18 @@ fn status_of(h: &Hosted) -> Value {
                 "message": e.to_string(),
             })
         });
+    // As Spark's streaming tab: the rates averaged over the recent batches.
+    let recent = h
+        .handle
+        .as_ref()
+        .map(|q| q.recent_progress())
+        .unwrap_or_default();
+    let average = |f: fn(&weir_engine::StreamingQueryProgress) -> f64| {
+        let values: Vec<f64> = recent.iter().map(f).filter(|v| v.is_finite()).collect();
+        (!values.is_empty()).then(|| values.iter().sum::<f64>() / values.len() as f64)
+    };
+    let avg_input = average(|p| p.input_rows_per_second);
+    let avg_processed = average(|p| p.processed_rows_per_second);
     let (state, message, last) = match &h.handle {
         _ if exception.is_some() => ("failed", "The query failed.".to_string(), None),
         Some(q) if q.is_active() => {
@@ -464,6 +482,8 @@ fn status_of(h: &Hosted) -> Value {
         "status": state,
         "message": message,
         "batchesBehind": last.as_ref().map(metrics::batches_behind),
+        "avgInputRowsPerSecond": avg_input,
+        "avgProcessedRowsPerSecond": avg_processed,
         "lastProgress": last.map(|p| serde_json::to_value(p).unwrap_or(Value::Null)),
         "exception": exception,
     })
@@ -898,6 +918,8 @@ pub fn openapi_description() -> Value {
                 "checkpoint": { "type": "string" },
                 "status": { "enum": ["active", "waiting for data", "stopped", "failed"] },
                 "batchesBehind": { "type": ["integer", "null"] },
+                "avgInputRowsPerSecond": { "type": ["number", "null"] },
+                "avgProcessedRowsPerSecond": { "type": ["number", "null"] },
                 "message": { "type": "string" },
                 "lastProgress": { "type": ["object", "null"] },
                 "exception": { "oneOf": [{ "$ref": "#/components/schemas/Error" },

@@ -27,3 +27,5 @@ mod s3;
 mod server;
 mod source_evolution;
 mod stateful;
+#[cfg(feature = "server")]
+mod ui;

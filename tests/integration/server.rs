@@ -13,14 +13,14 @@ use serde_json::Value;
 use crate::support;
 
 /// A running `weir serve` and its address.
-struct Server {
+pub(crate) struct Server {
     child: Child,
-    addr: String,
+    pub(crate) addr: String,
 }
 
 impl Server {
     /// Starts `weir serve --listen 127.0.0.1:0 --data DATA ARGS` and waits for its address.
-    fn start(data: &Path, args: &[&str]) -> Self {
+    pub(crate) fn start(data: &Path, args: &[&str]) -> Self {
         let mut child = support::weir_command()
             .args(["serve", "--listen", "127.0.0.1:0", "--data"])
             .arg(data)
@@ -83,7 +83,7 @@ impl Server {
     }
 
     /// `GET path`: the status and the body as text.
-    fn text(&self, path: &str) -> (u16, String) {
+    pub(crate) fn text(&self, path: &str) -> (u16, String) {
         let mut s = TcpStream::connect(&self.addr).unwrap();
         write!(s, "GET {path} HTTP/1.0\r\nHost: {}\r\n\r\n", self.addr).unwrap();
         let mut out = String::new();
@@ -101,16 +101,16 @@ impl Server {
         )
     }
 
-    fn get(&self, path: &str) -> (u16, Value) {
+    pub(crate) fn get(&self, path: &str) -> (u16, Value) {
         self.call("GET", path, "", None)
     }
 
-    fn post(&self, path: &str, body: &str) -> (u16, Value) {
+    pub(crate) fn post(&self, path: &str, body: &str) -> (u16, Value) {
         self.call("POST", path, body, None)
     }
 
     /// Waits until query `id` has committed batch `batch` (or later); its newest batch.
-    fn wait_for_batch(&self, id: &str, batch: u64) -> u64 {
+    pub(crate) fn wait_for_batch(&self, id: &str, batch: u64) -> u64 {
         let deadline = Instant::now() + Duration::from_secs(60);
         loop {
             let (_, q) = self.get(&format!("/api/v1/queries/{id}"));
@@ -417,7 +417,7 @@ fn a_token_is_required_when_the_server_has_one_and_off_loopback() {
 
 impl Server {
     /// Waits until update `update` of pipeline `id` is in one of `states`; the update.
-    fn wait_for_update(&self, id: &str, update: &str, states: &[&str]) -> Value {
+    pub(crate) fn wait_for_update(&self, id: &str, update: &str, states: &[&str]) -> Value {
         let deadline = Instant::now() + Duration::from_secs(120);
         loop {
             let (status, u) = self.get(&format!("/api/2.0/pipelines/{id}/updates/{update}"));
