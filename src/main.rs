@@ -1,5 +1,9 @@
 //! The `weir` command line: run streaming SQL, benchmark workloads.
 
+#[cfg(feature = "server")]
+mod load;
+mod shell;
+
 use std::io::Write;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
@@ -223,12 +227,24 @@ enum Command {
         #[arg(long)]
         token: Option<String>,
     },
+    /// An interactive SQL shell (line editing, history, multi-line statements, \q to leave), on
+    /// a local session or on a running `weir serve`. A streaming SELECT prints its batches until
+    /// Ctrl-C, which stops that query and keeps the shell.
+    Shell {
+        /// A `weir serve` to run the statements on, e.g. http://127.0.0.1:4040.
+        #[arg(long)]
+        server: Option<String>,
+        /// The server's bearer token (default: $WEIR_SERVER_TOKEN).
+        #[arg(long)]
+        token: Option<String>,
+    },
     /// Run a named benchmark workload (into the noop sink, but files-delta and cdc-*).
     Bench {
         /// Workload: q1 (stateless), q2 (aggregation), q3 (windows), q4 (dedupe), q5 (join),
         /// kafka (Kafka source), files (Parquet files, aggregation), files-delta (the same into
         /// a Delta table, complete mode), cdc-scd1 / cdc-scd2 (AUTO CDC of 1,000,000 keys into
-        /// a Delta table, one change in ten late: warm up with 1,000,000 rows).
+        /// a Delta table, one change in ten late: warm up with 1,000,000 rows), server-load
+        /// (weir serve hosting --queries queries under --rps API requests per second).
         #[arg(long, default_value = "q1")]
         workload: String,
         /// Measured batches.
@@ -261,6 +277,15 @@ enum Command {
         /// keep them, e.g. for Spark to read the same files.
         #[arg(long)]
         input_dir: Option<PathBuf>,
+        /// server-load: queries hosted by the server.
+        #[arg(long, default_value_t = 50)]
+        queries: usize,
+        /// server-load: API requests per second.
+        #[arg(long, default_value_t = 100)]
+        rps: u64,
+        /// server-load: how long the requests go on, in seconds.
+        #[arg(long, default_value_t = 60)]
+        seconds: u64,
     },
 }
 
@@ -818,6 +843,11 @@ async fn run(cli: Cli) -> anyhow::Result<std::process::ExitCode> {
             .await?;
             Ok(ExitCode::SUCCESS)
         }
+        Command::Shell { server, token } => {
+            let token = token.or_else(|| std::env::var("WEIR_SERVER_TOKEN").ok());
+            shell::run(server, token).await?;
+            Ok(ExitCode::SUCCESS)
+        }
         Command::Bench {
             workload,
             batches,
@@ -829,7 +859,26 @@ async fn run(cli: Cli) -> anyhow::Result<std::process::ExitCode> {
             min_deltas_for_snapshot,
             bootstrap_servers,
             input_dir,
+            queries,
+            rps,
+            seconds,
         } => {
+            if workload.eq_ignore_ascii_case("server-load") {
+                #[cfg(feature = "server")]
+                {
+                    load::run(load::LoadConfig {
+                        queries,
+                        rps,
+                        seconds,
+                        json,
+                    })
+                    .await?;
+                    return Ok(ExitCode::SUCCESS);
+                }
+                #[cfg(not(feature = "server"))]
+                anyhow::bail!("the server-load workload needs weir built with the server feature");
+            }
+            let _ = (queries, rps, seconds);
             let report = run_bench(&BenchConfig {
                 workload,
                 batches,

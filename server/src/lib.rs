@@ -11,6 +11,7 @@
 //! GET  /api/v1/queries/{id}/progress/stream?since=N   server-sent events, one per batch
 //! GET  /api/v1/queries/{id}/health               streaming_health's records
 //! POST /api/v1/queries/{id}/stop | /restart      the entry says stopped | running
+//! POST /api/v1/sql {sql}                         one statement for `weir shell` (sql.rs)
 //! GET  /api/v1/checkpoints/inspect?path=DIR       what `weir checkpoint inspect --json` prints
 //! GET  /metrics                                  Prometheus exposition (metrics.rs)
 //! GET  /api/v1/openapi.json                      this API as an OpenAPI 3.1 description
@@ -26,6 +27,7 @@
 mod metrics;
 mod pipelines;
 mod registry;
+mod sql;
 mod ui;
 
 use std::collections::BTreeMap;
@@ -249,6 +251,7 @@ fn router(state: Arc<AppState>) -> Router {
         .route("/api/v1/queries/{id}/health", get(health))
         .route("/api/v1/queries/{id}/stop", post(stop))
         .route("/api/v1/queries/{id}/restart", post(restart))
+        .route("/api/v1/sql", post(sql::sql))
         .route("/api/v1/checkpoints/inspect", get(inspect))
         .route("/", get(ui::index))
         .route("/ui/{name}", get(ui::asset))
@@ -828,6 +831,17 @@ pub fn openapi_description() -> Value {
             "/metrics": {
                 "get": { "summary": "Prometheus / OpenMetrics text of every query's newest batch",
                     "responses": { "200": { "description": "application/openmetrics-text" } } }
+            },
+            "/api/v1/sql": {
+                "post": { "summary": "One statement in the server's session (weir shell): a \
+                        batch query's rows; a streaming SELECT's batches as server-sent events \
+                        until the client goes away; 409 for a statement that starts a \
+                        streaming query (submit it to /api/v1/queries)",
+                    "requestBody": { "required": true, "content": { "application/json": {
+                        "schema": { "type": "object", "required": ["sql"],
+                            "properties": { "sql": { "type": "string" } } } } } },
+                    "responses": { "200": { "description": "{\"results\": [...]} or \
+                        text/event-stream" }, "400": error, "409": error } }
             },
             "/api/2.0/pipelines": {
                 "post": {

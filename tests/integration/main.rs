@@ -25,6 +25,7 @@ mod pipelines;
 mod s3;
 #[cfg(feature = "server")]
 mod server;
+mod shell;
 mod source_evolution;
 mod stateful;
 #[cfg(feature = "server")]

@@ -77,7 +77,7 @@ struct Browser {
     driver: Child,
     addr: String,
     session: String,
-    _profile: tempfile::TempDir,
+    profile: tempfile::TempDir,
 }
 
 impl Browser {
@@ -102,12 +102,20 @@ impl Browser {
             .spawn()
             .unwrap();
         let addr = format!("127.0.0.1:{port}");
+        // From here on, dropping the browser stops chromedriver (and its Chromium), also when
+        // the session does not start.
+        let mut browser = Self {
+            driver,
+            addr: addr.clone(),
+            session: String::new(),
+            profile: tempfile::tempdir().unwrap(),
+        };
         let deadline = Instant::now() + Duration::from_secs(30);
         while TcpStream::connect(&addr).is_err() {
             assert!(Instant::now() < deadline, "chromedriver did not start");
             std::thread::sleep(Duration::from_millis(50));
         }
-        let profile = tempfile::tempdir().unwrap();
+        let profile = browser.profile.path().to_path_buf();
         let (status, created) = http(
             &addr,
             "POST",
@@ -121,20 +129,15 @@ impl Browser {
                         "--no-first-run", "--disable-background-networking",
                         "--disable-component-update", "--disable-sync",
                         "--disable-dev-shm-usage", "--window-size=1400,2400",
-                        format!("--user-data-dir={}", profile.path().display()),
+                        format!("--user-data-dir={}", profile.display()),
                     ],
                 },
                 "goog:loggingPrefs": { "browser": "ALL" },
             } } }),
         );
         assert_eq!(status, 200, "no browser session: {created}");
-        let session = created["value"]["sessionId"].as_str().unwrap().to_string();
-        Self {
-            driver,
-            addr,
-            session,
-            _profile: profile,
-        }
+        browser.session = created["value"]["sessionId"].as_str().unwrap().to_string();
+        browser
     }
 
     fn call(&self, method: &str, path: &str, body: Value) -> Value {
@@ -221,12 +224,14 @@ impl Browser {
 
 impl Drop for Browser {
     fn drop(&mut self) {
-        let _ = http(
-            &self.addr,
-            "DELETE",
-            &format!("/session/{}", self.session),
-            &Value::Null,
-        );
+        if !self.session.is_empty() {
+            let _ = http(
+                &self.addr,
+                "DELETE",
+                &format!("/session/{}", self.session),
+                &Value::Null,
+            );
+        }
         let _ = self.driver.kill();
         let _ = self.driver.wait();
     }
