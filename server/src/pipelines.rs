@@ -168,21 +168,7 @@ impl Pipelines {
         let dir = data.join("pipelines");
         std::fs::create_dir_all(&dir)?;
         let mut hosted = BTreeMap::new();
-        for e in std::fs::read_dir(&dir)? {
-            let path = e?.path();
-            if path.extension().is_none_or(|x| x != "json") {
-                continue;
-            }
-            let mut entry: PipelineEntry =
-                serde_json::from_slice(&std::fs::read(&path)?).map_err(|e| {
-                    std::io::Error::new(
-                        std::io::ErrorKind::InvalidData,
-                        format!(
-                            "{} is not a pipeline entry ({e}); move it away to start without it",
-                            path.display()
-                        ),
-                    )
-                })?;
+        for mut entry in crate::registry::read_all::<PipelineEntry>(&dir, "pipeline")? {
             let mut changed = false;
             for u in &mut entry.updates {
                 if u.state == "RUNNING" || u.state == "QUEUED" {
@@ -230,13 +216,7 @@ impl Pipelines {
 }
 
 fn put(dir: &Path, entry: &PipelineEntry) -> std::io::Result<()> {
-    let path = dir.join(format!("{}.json", entry.pipeline_id));
-    let tmp = dir.join(format!(".{}.json.tmp", entry.pipeline_id));
-    std::fs::write(
-        &tmp,
-        serde_json::to_vec_pretty(entry).map_err(std::io::Error::other)?,
-    )?;
-    std::fs::rename(&tmp, path)
+    crate::registry::write(dir, &entry.pipeline_id, entry)
 }
 
 fn not_found(id: &str) -> ApiError {

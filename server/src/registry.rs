@@ -41,34 +41,48 @@ impl Registry {
 
     /// Every entry, oldest first; a file that does not read as an entry is an error naming it.
     pub(crate) fn entries(&self) -> std::io::Result<Vec<QueryEntry>> {
-        let mut out = vec![];
-        for e in std::fs::read_dir(&self.dir)? {
-            let path = e?.path();
-            if path.extension().is_none_or(|x| x != "json") {
-                continue;
-            }
-            let text = std::fs::read(&path)?;
-            let entry: QueryEntry = serde_json::from_slice(&text).map_err(|e| {
-                std::io::Error::new(
-                    std::io::ErrorKind::InvalidData,
-                    format!(
-                        "{} is not a query entry ({e}); move it away to start without it",
-                        path.display()
-                    ),
-                )
-            })?;
-            out.push(entry);
-        }
+        let mut out: Vec<QueryEntry> = read_all(&self.dir, "query")?;
         out.sort_by(|a, b| a.created.cmp(&b.created));
         Ok(out)
     }
 
     /// Writes `entry`, replacing the one of its id.
     pub(crate) fn put(&self, entry: &QueryEntry) -> std::io::Result<()> {
-        let path = self.dir.join(format!("{}.json", entry.id));
-        let tmp = self.dir.join(format!(".{}.json.tmp", entry.id));
-        let text = serde_json::to_vec_pretty(entry).map_err(std::io::Error::other)?;
-        std::fs::write(&tmp, text)?;
-        std::fs::rename(&tmp, path)
+        write(&self.dir, &entry.id, entry)
     }
+}
+
+/// Every `*.json` file of `dir` read as a `what` entry; one that does not read is an error
+/// naming it.
+pub(crate) fn read_all<T: serde::de::DeserializeOwned>(
+    dir: &Path,
+    what: &str,
+) -> std::io::Result<Vec<T>> {
+    let mut out = vec![];
+    for e in std::fs::read_dir(dir)? {
+        let path = e?.path();
+        if path.extension().is_none_or(|x| x != "json") {
+            continue;
+        }
+        let text = std::fs::read(&path)?;
+        out.push(serde_json::from_slice(&text).map_err(|e| {
+            std::io::Error::new(
+                std::io::ErrorKind::InvalidData,
+                format!(
+                    "{} is not a {what} entry ({e}); move it away to start without it",
+                    path.display()
+                ),
+            )
+        })?);
+    }
+    Ok(out)
+}
+
+/// Writes `entry` as `<dir>/<id>.json`, whole, through a temporary file and a rename.
+pub(crate) fn write<T: Serialize>(dir: &Path, id: &str, entry: &T) -> std::io::Result<()> {
+    let path = dir.join(format!("{id}.json"));
+    let tmp = dir.join(format!(".{id}.json.tmp"));
+    let text = serde_json::to_vec_pretty(entry).map_err(std::io::Error::other)?;
+    std::fs::write(&tmp, text)?;
+    std::fs::rename(&tmp, path)
 }
