@@ -146,6 +146,12 @@ fn the_shell_runs_statements_on_a_server_and_returns_from_a_streaming_select_at_
     shell.expect("Submitted as query");
     let (_, list) = server.get("/api/v1/queries");
     assert_eq!(list["queries"].as_array().unwrap().len(), 1, "{list}");
+    // Its health is SQL in the server's session.
+    let id = list["queries"][0]["id"].as_str().unwrap().to_string();
+    server.wait_for_batch(&id, 1);
+    shell.send("SELECT min(\"batchId\") + 1000 AS first_batch FROM streaming_health('numbers');\n");
+    shell.expect("first_batch");
+    shell.expect("| 1000 ");
     let (ok, text) = shell.quit();
     assert!(ok, "{text}");
 }
