@@ -404,6 +404,17 @@ fn a_token_is_required_when_the_server_has_one_and_off_loopback() {
     assert_eq!(status, 401);
     let (status, list) = server.call("GET", "/api/v1/queries", "", Some("s3cret"));
     assert_eq!(status, 200, "{list}");
+    // The web UI's own files load without the token (the page then asks for it); the API
+    // behind them does not.
+    let (status, page) = server.text("/");
+    assert_eq!(status, 200);
+    assert!(page.contains("/ui/app.js"), "{page}");
+    let (status, script) = server.text("/ui/app.js");
+    assert_eq!(status, 200);
+    assert!(script.contains("askToken"));
+    assert_eq!(server.text("/ui/uPlot.iife.min.js").0, 200);
+    assert_eq!(server.text("/ui/nothing.js").0, 404);
+    assert_eq!(server.text("/metrics").0, 401);
 
     let (ok, _, err) = support::weir(&[
         "serve",
