@@ -61,73 +61,66 @@ pub(crate) struct Scraped {
     pub(crate) last: Option<StreamingQueryProgress>,
 }
 
+/// A gauge family labelled by `L`, registered as `name`.
+fn gauges<L>(registry: &mut Registry, name: &str, help: &str) -> Family<L, FloatGauge>
+where
+    L: EncodeLabelSet + Clone + std::hash::Hash + Eq + std::fmt::Debug + Send + Sync + 'static,
+{
+    let f = Family::<L, FloatGauge>::default();
+    registry.register(name, help, f.clone());
+    f
+}
+
 /// The exposition of `queries`.
 pub(crate) fn exposition(queries: &[Scraped]) -> Result<String, std::fmt::Error> {
     let mut registry = Registry::default();
-    let query = |help: &str, name: &str, registry: &mut Registry| {
-        let f = Family::<QueryLabels, FloatGauge>::default();
-        registry.register(name, help, f.clone());
-        f
-    };
-    let input = query(
-        "Rows per second arriving, newest batch",
+    let r = &mut registry;
+    let input = gauges::<QueryLabels>(
+        r,
         "weir_query_input_rows_per_second",
-        &mut registry,
+        "Rows per second arriving, newest batch",
     );
-    let processed = query(
-        "Rows per second processed, newest batch",
+    let processed = gauges::<QueryLabels>(
+        r,
         "weir_query_processed_rows_per_second",
-        &mut registry,
+        "Rows per second processed, newest batch",
     );
-    let duration = query(
-        "Newest batch's duration",
-        "weir_query_batch_duration_ms",
-        &mut registry,
-    );
-    let lag = query(
-        "Newest event time minus the watermark",
+    let duration =
+        gauges::<QueryLabels>(r, "weir_query_batch_duration_ms", "Newest batch's duration");
+    let lag = gauges::<QueryLabels>(
+        r,
         "weir_query_watermark_lag_ms",
-        &mut registry,
+        "Newest event time minus the watermark",
     );
-    let behind = query(
-        "1 when rows arrive faster than the query processes them",
+    let behind = gauges::<QueryLabels>(
+        r,
         "weir_query_falling_behind",
-        &mut registry,
+        "1 when rows arrive faster than the query processes them",
     );
-    let batches_behind_family = query(
+    let batches_behind_family = gauges::<QueryLabels>(
+        r,
+        "weir_query_batches_behind",
         "Batches of the newest batch's size still to read: its sources' newest offsets less its \
          end offsets",
-        "weir_query_batches_behind",
-        &mut registry,
     );
-    let operations = Family::<OperationLabels, FloatGauge>::default();
-    registry.register(
+    let operations = gauges::<OperationLabels>(
+        r,
         "weir_query_operation_duration_ms",
         "Newest batch's time per operation (durationMs)",
-        operations.clone(),
     );
-    let operator = |help: &str, name: &str, registry: &mut Registry| {
-        let f = Family::<OperatorLabels, FloatGauge>::default();
-        registry.register(name, help, f.clone());
-        f
-    };
-    let state_rows = operator(
-        "Rows in the operator's state",
-        "weir_query_state_rows",
-        &mut registry,
-    );
-    let state_memory = operator(
-        "Memory of the operator's state",
+    let state_rows =
+        gauges::<OperatorLabels>(r, "weir_query_state_rows", "Rows in the operator's state");
+    let state_memory = gauges::<OperatorLabels>(
+        r,
         "weir_query_state_memory_bytes",
-        &mut registry,
+        "Memory of the operator's state",
     );
-    let dropped = operator(
-        "Rows the newest batch dropped behind the watermark",
+    let dropped = gauges::<OperatorLabels>(
+        r,
         "weir_query_rows_dropped_by_watermark",
-        &mut registry,
+        "Rows the newest batch dropped behind the watermark",
     );
-    let statuses = Family::<StatusLabels, FloatGauge>::default();
-    registry.register("weir_queries", "Hosted queries by status", statuses.clone());
+    let statuses = gauges::<StatusLabels>(r, "weir_queries", "Hosted queries by status");
 
     for q in queries {
         statuses

@@ -54,7 +54,7 @@ pub(crate) struct PipelineEntry {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 struct UpdateRecord {
     update_id: String,
-    /// QUEUED, RUNNING, COMPLETED, FAILED, CANCELED.
+    /// RUNNING, COMPLETED, FAILED, CANCELED.
     state: String,
     creation_time: String,
     end_time: Option<String>,
@@ -62,6 +62,9 @@ struct UpdateRecord {
     refresh_selection: Vec<String>,
     full_refresh_selection: Vec<String>,
     reset_checkpoint_selection: Vec<String>,
+    /// Databricks' reason for the update, as given.
+    #[serde(default)]
+    cause: Option<String>,
     /// Each flow's outcome once the update ended.
     flows: BTreeMap<String, String>,
     error: Option<Value>,
@@ -152,7 +155,8 @@ pub(crate) struct Hosted {
 struct Running {
     update_id: String,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
-    task: tokio::task::JoinHandle<()>,
+    /// Taken when the server stops and waits for it.
+    task: Option<tokio::task::JoinHandle<()>>,
 }
 
 /// The server's pipelines and their registry folder, `<data>/pipelines`.
@@ -171,7 +175,7 @@ impl Pipelines {
         for mut entry in crate::registry::read_all::<PipelineEntry>(&dir, "pipeline")? {
             let mut changed = false;
             for u in &mut entry.updates {
-                if u.state == "RUNNING" || u.state == "QUEUED" {
+                if u.state == "RUNNING" {
                     u.state = "CANCELED".into();
                     u.error = Some(json!({ "message": "The server stopped during this update; \
                         the next update carries on from the flows' checkpoints." }));
@@ -205,7 +209,7 @@ impl Pipelines {
                 if let Some(tx) = r.stop.take() {
                     let _ = tx.send(());
                 }
-                tasks.push(std::mem::replace(&mut r.task, tokio::spawn(async {})));
+                tasks.extend(r.task.take());
             }
         }
         drop(hosted);
@@ -456,10 +460,13 @@ pub(crate) async fn describe(
     let hosted = state.pipelines.hosted.lock().await;
     let h = hosted.get(&id).ok_or_else(|| not_found(&id))?;
     let spec = h.entry.spec();
-    let (graph, graph_error) = match spec.as_ref().map(graph_of) {
-        Ok(Ok(g)) => (graph_json(&g), Value::Null),
-        Ok(Err(e)) => (Value::Null, json!(e.to_string())),
-        Err(e) => (Value::Null, json!(e.to_string())),
+    let (graph, graph_error) = match spec
+        .as_ref()
+        .map_err(ApiError::to_string)
+        .and_then(|s| graph_of(s).map_err(|e| e.to_string()))
+    {
+        Ok(g) => (graph_json(&g), Value::Null),
+        Err(e) => (Value::Null, json!(e)),
     };
     let flows = h.live.lock().map(|l| json!(l.flows)).unwrap_or(Value::Null);
     Ok(axum::Json(json!({
@@ -520,7 +527,7 @@ struct UpdateRequest {
     full_refresh_selection: Vec<String>,
     #[serde(default)]
     reset_checkpoint_selection: Vec<String>,
-    /// Databricks' reason for the update; recorded, not used.
+    /// Databricks' reason for the update; recorded with it.
     cause: Option<String>,
 }
 
@@ -538,7 +545,6 @@ pub(crate) async fn start_update(
         Ok(b) if b.iter().all(u8::is_ascii_whitespace) => UpdateRequest::default(),
         _ => crate::body(raw)?,
     };
-    let _ = &req.cause;
     let mut hosted = state.pipelines.hosted.lock().await;
     let h = hosted.get_mut(&id).ok_or_else(|| not_found(&id))?;
     if h.running.is_some() {
@@ -593,6 +599,7 @@ pub(crate) async fn start_update(
         refresh_selection: req.refresh_selection,
         full_refresh_selection: req.full_refresh_selection,
         reset_checkpoint_selection: req.reset_checkpoint_selection.clone(),
+        cause: req.cause.clone(),
         flows: BTreeMap::new(),
         error: None,
     };
@@ -619,7 +626,7 @@ pub(crate) async fn start_update(
     h.running = Some(Running {
         update_id: update_id.clone(),
         stop: Some(stop_tx),
-        task,
+        task: Some(task),
     });
     Ok(axum::Json(json!({ "update_id": update_id })))
 }
