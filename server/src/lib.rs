@@ -436,20 +436,48 @@ async fn submit(
     Ok((StatusCode::CREATED, axum::Json(body)).into_response())
 }
 
-/// A query's status as the API shows it.
-fn status_of(h: &Hosted) -> Value {
-    let exception = h
-        .handle
+/// Why a hosted query failed, if it did: its run's error, or why it could not start.
+fn failure(h: &Hosted) -> Option<Arc<weir_engine::Error>> {
+    h.handle
         .as_ref()
         .and_then(|q| q.exception().map(|e| e.cause))
         .or_else(|| h.start_error.clone())
-        .map(|e| {
-            json!({
-                "errorClass": e.error_class(),
-                "sqlState": e.sql_state(),
-                "message": e.to_string(),
-            })
-        });
+}
+
+/// A query's status word, its status message and its newest batch's progress.
+fn state_of(
+    h: &Hosted,
+    failed: bool,
+) -> (
+    &'static str,
+    String,
+    Option<weir_engine::StreamingQueryProgress>,
+) {
+    match &h.handle {
+        _ if failed => ("failed", "The query failed.".to_string(), None),
+        Some(q) if q.is_active() => {
+            let s = q.status();
+            let state = if s.is_data_available || s.is_trigger_active {
+                "active"
+            } else {
+                "waiting for data"
+            };
+            (state, s.message, q.last_progress())
+        }
+        Some(q) => ("stopped", "Stopped.".to_string(), q.last_progress()),
+        None => ("stopped", "Stopped.".to_string(), None),
+    }
+}
+
+/// A query's status as the API shows it.
+fn status_of(h: &Hosted) -> Value {
+    let exception = failure(h).map(|e| {
+        json!({
+            "errorClass": e.error_class(),
+            "sqlState": e.sql_state(),
+            "message": e.to_string(),
+        })
+    });
     // As Spark's streaming tab: the rates averaged over the recent batches.
     let recent = h
         .handle
@@ -462,20 +490,7 @@ fn status_of(h: &Hosted) -> Value {
     };
     let avg_input = average(|p| p.input_rows_per_second);
     let avg_processed = average(|p| p.processed_rows_per_second);
-    let (state, message, last) = match &h.handle {
-        _ if exception.is_some() => ("failed", "The query failed.".to_string(), None),
-        Some(q) if q.is_active() => {
-            let s = q.status();
-            let state = if s.is_data_available || s.is_trigger_active {
-                "active"
-            } else {
-                "waiting for data"
-            };
-            (state, s.message, q.last_progress())
-        }
-        Some(q) => ("stopped", "Stopped.".to_string(), q.last_progress()),
-        None => ("stopped", "Stopped.".to_string(), None),
-    };
+    let (state, message, last) = state_of(h, exception.is_some());
     json!({
         "id": h.entry.id,
         "name": h.entry.name,
@@ -716,11 +731,12 @@ async fn scrape(State(state): State<Arc<AppState>>) -> Result<Response, ApiError
         .await
         .values()
         .map(|h| {
-            let status = status_of(h);
+            // Only the status word: no JSON, no averages over the recent batches.
+            let (status, _, _) = state_of(h, failure(h).is_some());
             metrics::Scraped {
                 id: h.entry.id.clone(),
                 name: h.entry.name.clone(),
-                status: status["status"].as_str().unwrap_or("unknown").to_string(),
+                status: status.to_string(),
                 last: h.handle.as_ref().and_then(|q| q.last_progress()),
             }
         })
