@@ -7,7 +7,7 @@ use weir_common::{ClassifiedError, Options};
 
 use crate::files::FileFormat;
 use crate::{
-    FileSourceProvider, RateMicroBatchSourceProvider, RateSourceProvider, Result, SourceProvider,
+    FileSourceProvider, NexmarkSourceProvider, RateMicroBatchSourceProvider, RateSourceProvider, Result, SourceProvider,
 };
 
 /// Builds a source definition from its options, refusing unknown or malformed ones.
@@ -46,8 +46,9 @@ impl SourceRegistry {
         }
     }
 
-    /// A registry with weir's built-in formats: `rate`, `rate-micro-batch`, the file formats
-    /// `json`, `csv` and `parquet`, and `read-files` (the file source with a `format` option).
+    /// A registry with weir's built-in formats: `rate`, `rate-micro-batch`, `nexmark`, the file
+    /// formats `json`, `csv` and `parquet`, and `read-files` (the file source with a `format`
+    /// option).
     pub fn with_builtins() -> Self {
         let mut r = Self::empty();
         r.register(
@@ -79,6 +80,10 @@ impl SourceRegistry {
             Arc::new(|o: &Options| {
                 Ok(Arc::new(crate::delta::DeltaSourceProvider::try_new(o)?) as _)
             }),
+        );
+        r.register(
+            "nexmark",
+            Arc::new(|o: &Options| Ok(Arc::new(NexmarkSourceProvider::try_new(o)?) as _)),
         );
         r.register(
             "read-files",
@@ -131,6 +136,7 @@ mod tests {
         for format in [
             "csv",
             "json",
+            "nexmark",
             "parquet",
             "rate",
             "rate-micro-batch",
