@@ -26,6 +26,7 @@
 
 pub mod bench;
 mod bench_inputs;
+pub mod nexmark;
 
 pub use datafusion;
 pub use weir_common::{ClassifiedError, Location, Options};

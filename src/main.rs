@@ -244,7 +244,8 @@ enum Command {
         /// kafka (Kafka source), files (Parquet files, aggregation), files-delta (the same into
         /// a Delta table, complete mode), cdc-scd1 / cdc-scd2 (AUTO CDC of 1,000,000 keys into
         /// a Delta table, one change in ten late: warm up with 1,000,000 rows), server-load
-        /// (weir serve hosting --queries queries under --rps API requests per second).
+        /// (weir serve hosting --queries queries under --rps API requests per second),
+        /// nexmark-q0 ... nexmark-q22 (queries/nexmark over --events generated events).
         #[arg(long, default_value = "q1")]
         workload: String,
         /// Measured batches.
@@ -286,6 +287,16 @@ enum Command {
         /// server-load: how long the requests go on, in seconds.
         #[arg(long, default_value_t = 60)]
         seconds: u64,
+        /// nexmark-qN: events generated (people, auctions and bids together).
+        #[arg(long, default_value_t = 10_000_000)]
+        events: u64,
+        /// nexmark-qN: events per micro-batch at most (the streams' maxEventsPerTrigger).
+        #[arg(long, default_value_t = 1_000_000)]
+        events_per_batch: u64,
+        /// nexmark-qN: events per second of event time (the generator's firstEventRate;
+        /// Flink's and Feldera's runs use 10,000,000).
+        #[arg(long, default_value_t = 10_000_000)]
+        event_rate: u64,
     },
 }
 
@@ -862,7 +873,28 @@ async fn run(cli: Cli) -> anyhow::Result<std::process::ExitCode> {
             queries,
             rps,
             seconds,
+            events,
+            events_per_batch,
+            event_rate,
         } => {
+            if workload.to_ascii_lowercase().starts_with("nexmark-") {
+                let report = weir::nexmark::run_nexmark_bench(&weir::nexmark::NexmarkBenchConfig {
+                    query: workload,
+                    streams: weir::nexmark::NexmarkStreams {
+                        events,
+                        events_per_batch,
+                        partitions,
+                        rate: event_rate,
+                    },
+                })
+                .await?;
+                if json {
+                    println!("{}", serde_json::to_string(&report)?);
+                } else {
+                    print!("{}", report.table());
+                }
+                return Ok(ExitCode::SUCCESS);
+            }
             if workload.eq_ignore_ascii_case("server-load") {
                 #[cfg(feature = "server")]
                 {

@@ -76,17 +76,22 @@ pub fn with_fresh_streaming_tables(plan: LogicalPlan) -> Result<LogicalPlan> {
 }
 
 /// The checks of one streaming aggregation.
-fn check_aggregation(node: &LogicalPlan) -> Option<ClassifiedError> {
+fn check_aggregation(node: &LogicalPlan, mode: OutputMode) -> Option<ClassifiedError> {
     let nested = node.inputs().iter().any(|i| {
         i.exists(|n| Ok(is_aggregation(n) && is_streaming(n)))
             .unwrap_or(false)
     });
-    if nested {
+    // In append mode, with every aggregation grouped by event time (checked with the output
+    // mode), the inner one emits each group once, final, when the watermark passes it: the
+    // outer one sees rows, not updates (Spark's chained time-window aggregations).
+    if nested && mode != OutputMode::Append {
         return Some(refuse(
             "UNSUPPORTED_STREAMING_OPERATION.MULTIPLE_STREAMING_AGGREGATIONS",
-            "A streaming aggregation over another streaming aggregation is not supported (as in \
-             Spark without a watermark): the outer one would see every update of the inner one \
-             as a new row. Aggregate once, or aggregate the sink's output in a batch query."
+            "A streaming aggregation over another streaming aggregation is supported in append \
+             output mode only, with a watermark (as in Spark): in update or complete mode the \
+             outer one would see every update of the inner one as a new row. Group both by \
+             event time (window(...) over a watermarked column, then that window) and use \
+             append mode, or aggregate the sink's output in a batch query."
                 .into(),
         ));
     }
@@ -141,7 +146,11 @@ pub fn has_streaming_aggregation(plan: &LogicalPlan) -> bool {
 
 /// Whether `e` is a watermarked column, or `window(...)` or `session_window(...)` over one
 /// (`session_time` is the time column of the aggregate's session window).
-fn is_event_time_key(e: &Expr, watermarked: &[String], session_time: Option<&String>) -> bool {
+pub(crate) fn is_event_time_key(
+    e: &Expr,
+    watermarked: &[String],
+    session_time: Option<&String>,
+) -> bool {
     match e {
         Expr::Column(c) if c.name == crate::window::SLIDING_WINDOW_COLUMN => {
             !watermarked.is_empty()
@@ -300,7 +309,7 @@ pub fn check_streaming_plan(plan: &LogicalPlan, mode: OutputMode) -> Result<(), 
                 "UNSUPPORTED_STREAMING_OPERATION.DISTINCT_ON",
                 "This SELECT DISTINCT ON could not be turned into streaming deduplication.".into(),
             )),
-            node if is_aggregation(node) => check_aggregation(node),
+            node if is_aggregation(node) => check_aggregation(node, mode),
             LogicalPlan::Window(_) => Some(ClassifiedError::new(
                 "NON_TIME_WINDOW_NOT_SUPPORTED_IN_STREAMING",
                 "42KDE",

@@ -156,9 +156,10 @@ pub fn with_watermark(
     }))
 }
 
-/// The names of `plan`'s watermarked columns: each watermark node's column, and the aliases
+/// The names of `plan`'s watermarked columns: each watermark node's column, the aliases
 /// projections give them (`timestamp AS t`), as Spark keeps an aliased attribute's event-time
-/// metadata.
+/// metadata, and an aggregation's event-time key (its window, whose end is the event time of
+/// the group's row), as Spark's chained time-window aggregations.
 pub fn watermarked_columns(plan: &LogicalPlan) -> Vec<String> {
     let mut out: Vec<String> = plan
         .inputs()
@@ -167,6 +168,14 @@ pub fn watermarked_columns(plan: &LogicalPlan) -> Vec<String> {
         .collect();
     if let Some(w) = WatermarkNode::of(plan) {
         out.push(w.column.name.clone());
+    }
+    if let LogicalPlan::Aggregate(agg) = plan {
+        let session_time = crate::session_window::session_time_column(&agg.input);
+        for (i, e) in agg.group_expr.iter().enumerate() {
+            if crate::analysis::is_event_time_key(e, &out, session_time.as_ref()) {
+                out.push(agg.schema.field(i).name().clone());
+            }
+        }
     }
     if let LogicalPlan::Projection(p) = plan {
         for e in &p.expr {

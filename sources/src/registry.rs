@@ -7,7 +7,8 @@ use weir_common::{ClassifiedError, Options};
 
 use crate::files::FileFormat;
 use crate::{
-    FileSourceProvider, NexmarkSourceProvider, RateMicroBatchSourceProvider, RateSourceProvider, Result, SourceProvider,
+    FileSourceProvider, NexmarkSourceProvider, RateMicroBatchSourceProvider, RateSourceProvider,
+    Result, SourceProvider,
 };
 
 /// Builds a source definition from its options, refusing unknown or malformed ones.

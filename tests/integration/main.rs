@@ -21,6 +21,7 @@ mod delta;
 mod files;
 #[cfg(feature = "kafka")]
 mod kafka;
+mod nexmark;
 mod pipelines;
 mod s3;
 #[cfg(feature = "server")]

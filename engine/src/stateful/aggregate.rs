@@ -219,6 +219,7 @@ struct EventTimeKey {
 fn event_time_key(
     group: &[(Arc<dyn PhysicalExpr>, String)],
     watermarked: &[(String, i64)],
+    input: &Schema,
 ) -> Option<EventTimeKey> {
     let is_watermarked = |e: &Arc<dyn PhysicalExpr>| {
         e.downcast_ref::<Column>()
@@ -237,10 +238,9 @@ fn event_time_key(
             });
         }
         if is_watermarked(e) {
-            return Some(EventTimeKey {
-                index,
-                window: false,
-            });
+            // A window an aggregation below grouped by is event time too: its end.
+            let window = matches!(e.data_type(input), Ok(DataType::Struct(_)));
+            return Some(EventTimeKey { index, window });
         }
         let f = e.downcast_ref::<ScalarFunctionExpr>()?;
         (f.name() == "window" && f.args().first().is_some_and(is_watermarked)).then_some(
@@ -314,6 +314,7 @@ impl StreamingAggregate {
         let event_time = event_time_key(
             partial_agg.group_expr().expr(),
             &watermark_columns(&partial),
+            &partial_agg.input_schema(),
         );
         let mut key_fields = partial_schema.fields()[..num_group].to_vec();
         if event_time.is_some() {
@@ -349,6 +350,12 @@ impl StreamingAggregate {
             schema: agg.schema(),
             info,
         })
+    }
+
+    /// The position of the group key that is event time (a watermarked column or a window),
+    /// among the output columns: later operators treat that column as event time.
+    pub(crate) fn event_time_column(&self) -> Option<usize> {
+        self.event_time.map(|k| k.index)
     }
 
     /// The output rows of groups with keys `keys` and accumulator state `state`.
@@ -485,7 +492,13 @@ impl StreamingAggregate {
         stored: &[bool],
     ) -> Result<()> {
         let mut changes = ValueChanges::new();
-        if !keys.is_empty() {
+        if state.is_empty() {
+            // A grouping without aggregate functions (`GROUP BY k` alone, `SELECT DISTINCT`):
+            // the key is the whole state. (Rows of no columns would count no rows.)
+            for (key, existed) in keys.iter().zip(stored) {
+                changes.put(key.clone(), vec![], *existed);
+            }
+        } else if !keys.is_empty() {
             let rows = values.convert_columns(state)?;
             for ((key, row), existed) in keys.iter().zip(rows.iter()).zip(stored) {
                 changes.put(key.clone(), row.as_ref().to_vec(), *existed);
@@ -631,7 +644,7 @@ mod tests {
 
     /// The streaming aggregation of `SELECT k, sum(v), count(*) ... GROUP BY k` over `rows`
     /// (k, v), and its partial rows: DataFusion plans it as for a table of these rows.
-    async fn planned(rows: &[(&str, i64)]) -> (StreamingAggregate, Vec<RecordBatch>) {
+    async fn planned(sql: &str, rows: &[(&str, i64)]) -> (StreamingAggregate, Vec<RecordBatch>) {
         use arrow::array::StringArray;
         let schema = Arc::new(Schema::new(vec![
             Field::new("k", DataType::Utf8, true),
@@ -649,7 +662,7 @@ mod tests {
         let table = datafusion::datasource::MemTable::try_new(schema, vec![vec![batch]]).unwrap();
         ctx.register_table("t", Arc::new(table)).unwrap();
         let plan = ctx
-            .sql("SELECT k, sum(v) AS s, count(*) AS n FROM t GROUP BY k")
+            .sql(sql)
             .await
             .unwrap()
             .create_physical_plan()
@@ -672,6 +685,14 @@ mod tests {
 
     /// Two batches through the operator on an in-memory store in `mode`: each batch's output.
     async fn two_batches(mode: OutputMode) -> Vec<(Vec<String>, u64)> {
+        two_batches_of(
+            "SELECT k, sum(v) AS s, count(*) AS n FROM t GROUP BY k",
+            mode,
+        )
+        .await
+    }
+
+    async fn two_batches_of(sql: &str, mode: OutputMode) -> Vec<(Vec<String>, u64)> {
         let state = super::super::StateRun::open(
             super::super::StateBackend::Memory,
             None,
@@ -690,7 +711,7 @@ mod tests {
         .into_iter()
         .enumerate()
         {
-            let (op, partial) = planned(&rows).await;
+            let (op, partial) = planned(sql, &rows).await;
             let mut stores = vec![state.open_store(0, 0, STORE, n as u64).unwrap()];
             let processed = op
                 .process(Step {
@@ -728,5 +749,14 @@ mod tests {
                 2
             )
         );
+    }
+
+    /// A grouping without aggregate functions keeps its keys as its state: the keys of both
+    /// batches are in state, each once.
+    #[tokio::test]
+    async fn a_grouping_without_aggregates_keeps_its_keys() {
+        let out = two_batches_of("SELECT k FROM t GROUP BY k", OutputMode::Complete).await;
+        assert_eq!(out[0], (vec!["a".to_string(), "b".into()], 2));
+        assert_eq!(out[1], (vec!["a".to_string(), "b".into(), "c".into()], 2));
     }
 }

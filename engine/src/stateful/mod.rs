@@ -510,6 +510,13 @@ pub(crate) fn watermark_columns(plan: &Arc<dyn ExecutionPlan>) -> Vec<(String, i
     for c in plan.children() {
         out.extend(watermark_columns(c));
     }
+    // An aggregation's event-time key (its window) is event time for what follows it.
+    if let Some(a) = plan.downcast_ref::<StatefulExec<StreamingAggregate>>()
+        && let Some(i) = a.operator().event_time_column()
+        && let Some(&(_, delay)) = out.first()
+    {
+        out.push((a.schema().field(i).name().clone(), delay));
+    }
     if let Some(p) = plan.downcast_ref::<datafusion::physical_plan::projection::ProjectionExec>() {
         let mut aliases = vec![];
         for e in p.expr() {

@@ -183,7 +183,6 @@ impl<O: StatefulOperator> StatefulExec<O> {
     }
 
     /// The operator.
-    #[cfg(test)]
     pub(crate) fn operator(&self) -> &O {
         &self.inner.operator
     }

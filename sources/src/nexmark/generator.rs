@@ -728,7 +728,8 @@ impl AuctionColumns {
         self.reserve.append_value(reserve);
         self.time.append_value(time * 1000);
         self.expires.append_value(expires.saturating_mul(1000));
-        self.seller.append_value(seller as i64 + FIRST_PERSON_ID as i64);
+        self.seller
+            .append_value(seller as i64 + FIRST_PERSON_ID as i64);
         self.category.append_value(category as i64);
         self.extra.append_value(&s.b);
     }
@@ -813,7 +814,8 @@ impl BidColumns {
         push_extra(rng, 32, c.avg_bid_byte_size, &mut s.b);
         self.auction
             .append_value((auction as u64 + FIRST_AUCTION_ID) as i64);
-        self.bidder.append_value((bidder as u64 + FIRST_PERSON_ID) as i64);
+        self.bidder
+            .append_value((bidder as u64 + FIRST_PERSON_ID) as i64);
         self.price.append_value(price);
         self.channel.append_value(channel);
         self.url.append_value(url);

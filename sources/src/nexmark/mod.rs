@@ -210,9 +210,9 @@ impl SourceProvider for NexmarkSourceProvider {
     }
 
     async fn open(&self, _ctx: SourceContext) -> Result<Box<dyn MicroBatchStream>> {
-        let partitions = self.num_partitions.unwrap_or_else(|| {
-            std::thread::available_parallelism().map_or(1, |n| n.get() as u64)
-        });
+        let partitions = self
+            .num_partitions
+            .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get() as u64));
         Ok(Box::new(NexmarkStream {
             def: self.clone(),
             partitions,

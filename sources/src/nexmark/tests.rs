@@ -15,7 +15,9 @@ fn ctx(dir: &tempfile::TempDir) -> SourceContext {
 }
 
 fn source(options: &[(&str, &str)]) -> NexmarkSourceProvider {
-    let o = options.iter().fold(Options::new(), |o, (k, v)| o.with(*k, *v));
+    let o = options
+        .iter()
+        .fold(Options::new(), |o, (k, v)| o.with(*k, *v));
     NexmarkSourceProvider::try_new(&o).unwrap()
 }
 
@@ -24,7 +26,11 @@ fn one(batches: Vec<RecordBatch>, table: Table) -> RecordBatch {
 }
 
 fn s(b: &RecordBatch, name: &str, i: usize) -> String {
-    b.column_by_name(name).unwrap().as_string::<i32>().value(i).to_string()
+    b.column_by_name(name)
+        .unwrap()
+        .as_string::<i32>()
+        .value(i)
+        .to_string()
 }
 
 fn n(b: &RecordBatch, name: &str, i: usize) -> i64 {
@@ -51,9 +57,18 @@ fn events_equal_the_nexmark_crates_field_for_field() {
         .take(50_000)
         .collect();
     let g = Generator::new(NexmarkConfig::default());
-    let people = one(g.generate(Table::Person, 0..50_000, 7_000).unwrap(), Table::Person);
-    let auctions = one(g.generate(Table::Auction, 0..50_000, 7_000).unwrap(), Table::Auction);
-    let bids = one(g.generate(Table::Bid, 0..50_000, 7_000).unwrap(), Table::Bid);
+    let people = one(
+        g.generate(Table::Person, 0..50_000, 7_000).unwrap(),
+        Table::Person,
+    );
+    let auctions = one(
+        g.generate(Table::Auction, 0..50_000, 7_000).unwrap(),
+        Table::Auction,
+    );
+    let bids = one(
+        g.generate(Table::Bid, 0..50_000, 7_000).unwrap(),
+        Table::Bid,
+    );
     assert_eq!(
         (people.num_rows(), auctions.num_rows(), bids.num_rows()),
         (1_000, 3_000, 46_000)
@@ -177,7 +192,10 @@ fn events_a_billion_in_equal_the_crates_values() {
         .collect();
     assert_eq!(got, want);
     // Exact times: 10,000 events a second, so event 10^9 is 10^5 seconds after the base time.
-    assert_eq!(g.timestamp_ms(1_000_000_000), 100_000_000 + 1_436_918_400_000);
+    assert_eq!(
+        g.timestamp_ms(1_000_000_000),
+        100_000_000 + 1_436_918_400_000
+    );
 }
 
 /// The same events however they are cut: one range, several record batches, several
@@ -186,12 +204,20 @@ fn events_a_billion_in_equal_the_crates_values() {
 async fn the_same_offsets_give_the_same_events_however_partitioned() {
     let dir = tempfile::tempdir().unwrap();
     let whole = {
-        let src = source(&[("table", "bid"), ("eventsPerBatch", "5000"), ("numPartitions", "1")]);
+        let src = source(&[
+            ("table", "bid"),
+            ("eventsPerBatch", "5000"),
+            ("numPartitions", "1"),
+        ]);
         let mut st = src.open(ctx(&dir)).await.unwrap();
         let parts = st.get_batch(&offset(1234), &offset(6234)).await.unwrap();
         one(parts.concat(), Table::Bid)
     };
-    let src = source(&[("table", "bid"), ("eventsPerBatch", "5000"), ("numPartitions", "3")]);
+    let src = source(&[
+        ("table", "bid"),
+        ("eventsPerBatch", "5000"),
+        ("numPartitions", "3"),
+    ]);
     let mut st = src.open(ctx(&dir)).await.unwrap();
     let parts = st.get_batch(&offset(1234), &offset(6234)).await.unwrap();
     assert_eq!(parts.len(), 3);
@@ -213,7 +239,10 @@ async fn the_same_offsets_give_the_same_events_however_partitioned() {
 #[test]
 fn the_events_table_holds_each_tables_rows_under_its_type() {
     let g = Generator::new(NexmarkConfig::default());
-    let events = one(g.generate(Table::Events, 0..5000, 1024).unwrap(), Table::Events);
+    let events = one(
+        g.generate(Table::Events, 0..5000, 1024).unwrap(),
+        Table::Events,
+    );
     assert_eq!(events.num_rows(), 5000);
     let kinds = events.column(0).as_primitive::<Int32Type>();
     for (table, kind, column) in [
@@ -226,12 +255,9 @@ fn the_events_table_holds_each_tables_rows_under_its_type() {
             .collect();
         let strukt: &StructArray = events.column(column).as_struct();
         assert_eq!(strukt.null_count(), 5000 - rows.len(), "{table:?}");
-        let picked = arrow::compute::take(
-            strukt,
-            &arrow::array::UInt32Array::from(rows.clone()),
-            None,
-        )
-        .unwrap();
+        let picked =
+            arrow::compute::take(strukt, &arrow::array::UInt32Array::from(rows.clone()), None)
+                .unwrap();
         let picked = RecordBatch::from(picked.as_struct().clone());
         let alone = one(g.generate(table, 0..5000, 5000).unwrap(), table);
         assert_eq!(picked.columns(), alone.columns(), "{table:?}");
@@ -249,7 +275,10 @@ async fn events_per_batch_reads_that_many_more_events_each_batch_until_num_event
     let mut at = st.initial_offset();
     let mut ends = vec![];
     for _ in 0..4 {
-        at = st.latest_offset(&at, ReadLimit::AllAvailable).await.unwrap();
+        at = st
+            .latest_offset(&at, ReadLimit::AllAvailable)
+            .await
+            .unwrap();
         ends.push(at.as_long().unwrap());
     }
     assert_eq!(ends, [400, 800, 1000, 1000]);
@@ -268,7 +297,9 @@ async fn num_events_alone_is_available_at_once_within_max_events_per_trigger() {
     let o4 = st.latest_offset(&offset(900), limit).await.unwrap();
     assert_eq!(o4, offset(1000));
     assert_eq!(
-        st.latest_offset(&o4, ReadLimit::AllAvailable).await.unwrap(),
+        st.latest_offset(&o4, ReadLimit::AllAvailable)
+            .await
+            .unwrap(),
         o4
     );
 }
@@ -314,13 +345,30 @@ fn bad_options_are_refused_naming_the_option() {
         (vec![], "'eventsPerBatch'"),
         (vec![("eventsPerBatch", "10"), ("table", "bids")], "'table'"),
         (vec![("eventsPerBatch", "0")], "'eventsPerBatch'"),
-        (vec![("eventsPerBatch", "10"), ("rateShape", "saw")], "'rateShape'"),
-        (vec![("eventsPerBatch", "10"), ("personProportion", "0")], "'personProportion'"),
-        (vec![("eventsPerBatch", "10"), ("baseTime", "yesterday")], "'baseTime'"),
-        (vec![("eventsPerBatch", "10"), ("firstEventRate", "-5")], "'firstEventRate'"),
-        (vec![("eventsPerBatch", "10"), ("eventsPerSecond", "5")], "'eventsPerSecond'"),
+        (
+            vec![("eventsPerBatch", "10"), ("rateShape", "saw")],
+            "'rateShape'",
+        ),
+        (
+            vec![("eventsPerBatch", "10"), ("personProportion", "0")],
+            "'personProportion'",
+        ),
+        (
+            vec![("eventsPerBatch", "10"), ("baseTime", "yesterday")],
+            "'baseTime'",
+        ),
+        (
+            vec![("eventsPerBatch", "10"), ("firstEventRate", "-5")],
+            "'firstEventRate'",
+        ),
+        (
+            vec![("eventsPerBatch", "10"), ("eventsPerSecond", "5")],
+            "'eventsPerSecond'",
+        ),
     ] {
-        let o = options.iter().fold(Options::new(), |o, (k, v)| o.with(*k, *v));
+        let o = options
+            .iter()
+            .fold(Options::new(), |o, (k, v)| o.with(*k, *v));
         let err = NexmarkSourceProvider::try_new(&o).unwrap_err();
         assert_eq!(err.error_class(), "STREAMING_INVALID_OPTION", "{err}");
         assert!(err.to_string().contains(needle), "{needle}: {err}");

@@ -1,0 +1,18 @@
+-- Nexmark q15: bidding statistics per day. Bids, bidders and auctions in three price ranges.
+-- weir: outputMode=update
+-- weir: unsupported: count(DISTINCT ...) in a streaming aggregation
+SELECT CAST(date_time AS DATE) AS day,
+       count(*) AS total_bids,
+       count(*) FILTER (WHERE price < 10000) AS rank1_bids,
+       count(*) FILTER (WHERE price >= 10000 AND price < 1000000) AS rank2_bids,
+       count(*) FILTER (WHERE price >= 1000000) AS rank3_bids,
+       count(DISTINCT bidder) AS total_bidders,
+       count(DISTINCT bidder) FILTER (WHERE price < 10000) AS rank1_bidders,
+       count(DISTINCT bidder) FILTER (WHERE price >= 10000 AND price < 1000000) AS rank2_bidders,
+       count(DISTINCT bidder) FILTER (WHERE price >= 1000000) AS rank3_bidders,
+       count(DISTINCT auction) AS total_auctions,
+       count(DISTINCT auction) FILTER (WHERE price < 10000) AS rank1_auctions,
+       count(DISTINCT auction) FILTER (WHERE price >= 10000 AND price < 1000000) AS rank2_auctions,
+       count(DISTINCT auction) FILTER (WHERE price >= 1000000) AS rank3_auctions
+FROM STREAM bid
+GROUP BY CAST(date_time AS DATE);

@@ -1,0 +1,2 @@
+-- Nexmark q2: selection. The bids on every 123rd auction.
+SELECT auction, price FROM STREAM bid WHERE auction % 123 = 0;
