@@ -128,6 +128,13 @@ impl NexmarkQuery {
         self.directive("final")
     }
 
+    /// The columns to compare a run's output with batch SQL's on, from a line
+    /// `-- weir: compare: <columns>`: where ties make which row a query keeps arbitrary (a top-N
+    /// by price keeps one of two equal bids), the columns both results agree on.
+    pub fn compare(&self) -> Option<&'static str> {
+        self.directive("compare")
+    }
+
     /// The tables of the generator the query reads.
     pub fn tables(&self) -> Vec<Table> {
         let text = self.select().to_ascii_lowercase();

@@ -130,11 +130,13 @@ fn refuse(class: &'static str, message: String) -> ClassifiedError {
     ClassifiedError::new(class, "0A000", message)
 }
 
+/// Whether `node` aggregates (GROUP BY, DISTINCT) or ranks (a top-N): an operator whose
+/// output rows, outside append mode, are updates of earlier ones.
 fn is_aggregation(node: &LogicalPlan) -> bool {
     matches!(
         node,
         LogicalPlan::Aggregate(_) | LogicalPlan::Distinct(Distinct::All(_))
-    )
+    ) || crate::top_n::TopNNode::of(node).is_some()
 }
 
 /// Whether `plan` aggregates a stream (GROUP BY, aggregate functions or DISTINCT over it): the
@@ -181,13 +183,35 @@ fn every_aggregation_has_event_time_key(plan: &LogicalPlan) -> bool {
                         .iter()
                         .any(|e| is_event_time_key(e, &watermarked, session_time.as_ref()))
                 }
-                _ => false,
+                _ => match crate::top_n::TopNNode::of(n) {
+                    Some(t) => {
+                        let watermarked = crate::watermark::watermarked_columns(&t.input);
+                        t.partition_by
+                            .iter()
+                            .any(|e| is_event_time_key(e, &watermarked, None))
+                    }
+                    None => false,
+                },
             };
             all &= ok;
         }
         Ok(TreeNodeRecursion::Continue)
     });
     all
+}
+
+/// Whether a join of two streams in `plan` sends its rows towards the sink without an
+/// aggregation or top-N between (`under`: one is above `plan`): then its rows are the output,
+/// which append mode alone describes. Below an aggregation or top-N, they are input rows like
+/// any other, and update or complete mode is the aggregation's.
+fn has_join_emitting_to_sink(plan: &LogicalPlan, under: bool) -> bool {
+    if crate::join::StreamJoinNode::of(plan).is_some() && !under {
+        return true;
+    }
+    let under = under || (is_aggregation(plan) && is_streaming(plan));
+    plan.inputs()
+        .into_iter()
+        .any(|i| has_join_emitting_to_sink(i, under))
 }
 
 /// Whether a streaming aggregation of `plan` groups by a session window.
@@ -208,6 +232,7 @@ pub fn has_stateful_operator(plan: &LogicalPlan) -> bool {
         || plan
             .exists(|n| {
                 Ok((crate::dedupe::DeduplicateNode::of(n).is_some()
+                    || crate::top_n::TopNNode::of(n).is_some()
                     || crate::join::StreamJoinNode::of(n).is_some()
                     || crate::auto_cdc::AutoCdcNode::of(n).is_some())
                     && is_streaming(n))
@@ -250,16 +275,13 @@ pub fn check_streaming_plan(plan: &LogicalPlan, mode: OutputMode) -> Result<(), 
                  watermark closes it) or complete mode.",
             ));
         }
-        OutputMode::Update | OutputMode::Complete
-            if plan
-                .exists(|n| Ok(crate::join::StreamJoinNode::of(n).is_some()))
-                .unwrap_or(false) =>
-        {
+        OutputMode::Update | OutputMode::Complete if has_join_emitting_to_sink(plan, false) => {
             return Err(ClassifiedError::new(
                 "STREAMING_OUTPUT_MODE.UNSUPPORTED_OPERATION",
                 "42KDE",
                 "A join of two streams emits each joined row once, so it runs in append output \
-                 mode only (as in Spark).",
+                 mode only (as in Spark), unless an aggregation or a top-N over its rows is what \
+                 the sink gets.",
             ));
         }
         _ => {}

@@ -18,6 +18,7 @@
 //!   `with_watermark`).
 //! - [`window`]: the `window()` time-window function.
 //! - [`session_window`]: `session_window()`, session windows of a streaming aggregation.
+//! - [`top_n`]: top-N per key (`row_number() ... <= N`) over a stream.
 
 pub mod analysis;
 pub mod auto_cdc;
@@ -31,6 +32,7 @@ pub mod sink_table;
 pub mod statement;
 mod stream_scan;
 mod table;
+pub mod top_n;
 pub mod watermark;
 pub mod window;
 

@@ -1,6 +1,6 @@
 -- Nexmark q19: auction top-N. The 10 highest bids of each auction.
 -- weir: outputMode=update
--- weir: unsupported: top-N per key (row_number() OVER (PARTITION BY ... ORDER BY ...) <= N) over a stream
+-- weir: compare: auction, price, rank_number
 SELECT *
 FROM (
     SELECT *, row_number() OVER (PARTITION BY auction ORDER BY price DESC) AS rank_number

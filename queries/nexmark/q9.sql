@@ -1,7 +1,7 @@
 -- Nexmark q9: winning bids. Each auction with its highest bid placed while it was open (the
 -- earliest of equal ones).
 -- weir: outputMode=update
--- weir: unsupported: top-N per key (row_number() OVER (PARTITION BY ... ORDER BY ...) <= N) over a stream
+-- weir: compare: id, price, bid_date_time
 SELECT id, item_name, description, initial_bid, reserve, date_time, expires, seller, category,
        extra, auction, bidder, price, bid_date_time, bid_extra
 FROM (

@@ -1159,6 +1159,7 @@ pub(crate) fn streaming_plan(
 ) -> Result<(LogicalPlan, bool)> {
     let plan = weir_planner::dedupe::rewrite_distinct_on(plan.clone())?;
     let plan = weir_planner::join::rewrite_stream_joins(plan)?;
+    let plan = weir_planner::top_n::rewrite_top_n(plan)?;
     let plan = if window_aliases {
         weir_planner::window::inline_window_aliases(plan)?
     } else {

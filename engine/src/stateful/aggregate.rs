@@ -208,15 +208,15 @@ impl Aggregates {
 
 /// A grouping key on a watermarked column: the column itself, or `window(column, ...)`.
 #[derive(Debug, Clone, Copy)]
-struct EventTimeKey {
+pub(super) struct EventTimeKey {
     /// Its position among the group columns.
-    index: usize,
+    pub(super) index: usize,
     /// A window struct (whose `end` is the event time) rather than a timestamp.
-    window: bool,
+    pub(super) window: bool,
 }
 
 /// The group key among `group` that is a watermarked column or a window over one.
-fn event_time_key(
+pub(super) fn event_time_key(
     group: &[(Arc<dyn PhysicalExpr>, String)],
     watermarked: &[(String, i64)],
     input: &Schema,
@@ -254,8 +254,13 @@ fn event_time_key(
 
 /// The event time of each partial row: the key's window end or timestamp, microseconds.
 fn event_times(key: EventTimeKey, batch: &RecordBatch) -> Result<Int64Array> {
-    let column = batch.column(key.index);
-    let (times, outer) = if key.window {
+    key_event_times(batch.column(key.index), key.window)
+}
+
+/// The event time of each value of an event-time key column (a window's end, or the
+/// timestamp), microseconds; null where it has none.
+pub(super) fn key_event_times(column: &ArrayRef, window: bool) -> Result<Int64Array> {
+    let (times, outer) = if window {
         let s = column
             .as_any()
             .downcast_ref::<StructArray>()

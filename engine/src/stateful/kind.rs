@@ -35,11 +35,13 @@ pub(crate) enum OperatorKind {
     AutoCdcScd1,
     /// AUTO CDC into an SCD type 2 table.
     AutoCdcScd2,
+    /// Top-N per key (`row_number() OVER (PARTITION BY ... ORDER BY ...) <= N`).
+    TopN,
 }
 
 impl OperatorKind {
     /// Every kind.
-    pub(crate) const ALL: [Self; 7] = [
+    pub(crate) const ALL: [Self; 8] = [
         Self::Aggregate,
         Self::Dedupe,
         Self::DedupeWithinWatermark,
@@ -47,6 +49,7 @@ impl OperatorKind {
         Self::StreamStreamJoin,
         Self::AutoCdcScd1,
         Self::AutoCdcScd2,
+        Self::TopN,
     ];
 
     /// The name the checkpoint and progress records use.
@@ -59,6 +62,7 @@ impl OperatorKind {
             Self::StreamStreamJoin => "streamStreamJoin",
             Self::AutoCdcScd1 => "autoCdcScd1",
             Self::AutoCdcScd2 => "autoCdcScd2",
+            Self::TopN => "topN",
         }
     }
 
@@ -77,6 +81,7 @@ impl OperatorKind {
             Self::StreamStreamJoin => &super::join::JoinFormat,
             Self::AutoCdcScd1 => &super::auto_cdc::AutoCdcFormat { scd_type: 1 },
             Self::AutoCdcScd2 => &super::auto_cdc::AutoCdcFormat { scd_type: 2 },
+            Self::TopN => &super::top_n::TopNFormat,
         }
     }
 }

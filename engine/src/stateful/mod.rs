@@ -19,6 +19,7 @@ mod operator;
 mod session;
 #[cfg(test)]
 mod testing;
+mod top_n;
 mod watermark;
 
 use std::collections::BTreeMap;
@@ -560,6 +561,14 @@ fn rewrite(
         operators.push(OperatorInfo::placeholder());
         let input = rewrite(Arc::clone(d.children()[0]), batch, operators, watermarks)?;
         let exec = d.attach(input, id, Arc::clone(batch))?;
+        operators[id as usize] = exec.info().clone();
+        return Ok(Arc::new(exec));
+    }
+    if let Some(t) = plan.downcast_ref::<top_n::TopNExec>() {
+        let id = operators.len() as u32;
+        operators.push(OperatorInfo::placeholder());
+        let input = rewrite(Arc::clone(t.children()[0]), batch, operators, watermarks)?;
+        let exec = t.attach(input, id, Arc::clone(batch))?;
         operators[id as usize] = exec.info().clone();
         return Ok(Arc::new(exec));
     }

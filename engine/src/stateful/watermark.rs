@@ -279,6 +279,36 @@ impl ExtensionPlanner for WatermarkPlanner {
                 },
             ))));
         }
+        if let (Some(t), [l], [input]) = (
+            node.as_any()
+                .downcast_ref::<weir_planner::top_n::TopNNode>(),
+            logical_inputs,
+            physical_inputs,
+        ) {
+            let partition_by = t
+                .partition_by
+                .iter()
+                .map(|e| planner.create_physical_expr(e, l.schema(), session, ctx))
+                .collect::<Result<Vec<_>>>()?;
+            let order_by = t
+                .order_by
+                .iter()
+                .map(|s| {
+                    let e = planner.create_physical_expr(&s.expr, l.schema(), session, ctx)?;
+                    Ok(datafusion::physical_expr::PhysicalSortExpr::new(
+                        e,
+                        arrow::compute::SortOptions::new(!s.asc, s.nulls_first),
+                    ))
+                })
+                .collect::<Result<Vec<_>>>()?;
+            return Ok(Some(Arc::new(super::top_n::TopNExec::try_new(
+                Arc::clone(input),
+                partition_by,
+                order_by,
+                t.n,
+                Arc::new(t.schema.as_arrow().clone()),
+            )?)));
+        }
         let [input] = physical_inputs else {
             return Ok(None);
         };
