@@ -110,19 +110,6 @@ fn check_aggregation(node: &LogicalPlan, mode: OutputMode) -> Option<ClassifiedE
                 .into(),
         ));
     }
-    let distinct = agg.aggr_expr.iter().any(|e| {
-        e.exists(|e| Ok(matches!(e, Expr::AggregateFunction(f) if f.params.distinct)))
-            .unwrap_or(false)
-    });
-    if distinct {
-        return Some(refuse(
-            "UNSUPPORTED_STREAMING_OPERATION.DISTINCT_AGGREGATION",
-            "DISTINCT inside an aggregate function (count(DISTINCT x), ...) is not supported in a \
-             streaming aggregation (as in Spark): its state would keep every value. Use \
-             approx_distinct(x) instead."
-                .into(),
-        ));
-    }
     None
 }
 

@@ -105,7 +105,11 @@ impl UserDefinedLogicalNodeCore for TopNNode {
         )
     }
 
-    fn with_exprs_and_inputs(&self, exprs: Vec<Expr>, mut inputs: Vec<LogicalPlan>) -> Result<Self> {
+    fn with_exprs_and_inputs(
+        &self,
+        exprs: Vec<Expr>,
+        mut inputs: Vec<LogicalPlan>,
+    ) -> Result<Self> {
         let Some(input) = inputs.pop() else {
             return plan_err!("TopN takes one input");
         };
@@ -131,7 +135,11 @@ impl UserDefinedLogicalNodeCore for TopNNode {
 }
 
 fn unsupported(message: String) -> ClassifiedError {
-    ClassifiedError::new("NON_TIME_WINDOW_NOT_SUPPORTED_IN_STREAMING", "42KDE", message)
+    ClassifiedError::new(
+        "NON_TIME_WINDOW_NOT_SUPPORTED_IN_STREAMING",
+        "42KDE",
+        message,
+    )
 }
 
 /// The bound `rn <= N` (or `rn < N + 1`, `rn = 1`, `N >= rn`) puts on column `rn`.
@@ -192,12 +200,10 @@ fn window_below<'a>(plan: &'a LogicalPlan, name: &str) -> Option<(&'a LogicalPla
         LogicalPlan::Window(_) => Some((plan, name.to_string())),
         LogicalPlan::SubqueryAlias(a) => window_below(&a.input, name),
         LogicalPlan::Projection(p) => {
-            let i = p.schema.index_of_column_by_name(None, name).or_else(|| {
-                p.schema
-                    .fields()
-                    .iter()
-                    .position(|f| f.name() == name)
-            })?;
+            let i = p
+                .schema
+                .index_of_column_by_name(None, name)
+                .or_else(|| p.schema.fields().iter().position(|f| f.name() == name))?;
             let inner = match &p.expr[i] {
                 Expr::Alias(a) => match a.expr.as_ref() {
                     Expr::Column(c) => c.name.clone(),
@@ -236,7 +242,8 @@ fn row_number(window: &LogicalPlan, column: &str) -> Option<(Vec<Expr>, Vec<Sort
                 ..
             },
     } = f.as_ref();
-    let is_row_number = matches!(fun, WindowFunctionDefinition::WindowUDF(u) if u.name() == "row_number");
+    let is_row_number =
+        matches!(fun, WindowFunctionDefinition::WindowUDF(u) if u.name() == "row_number");
     (is_row_number && w.window_expr.len() == 1 && !order_by.is_empty())
         .then(|| (partition_by.clone(), order_by.clone()))
 }
@@ -295,7 +302,11 @@ pub fn rewrite_top_n(plan: LogicalPlan) -> std::result::Result<LogicalPlan, Clas
                         Ok(Transformed::no(inner))
                     }
                 })?;
-                return Ok(Transformed::new(replaced.data, true, TreeNodeRecursion::Jump));
+                return Ok(Transformed::new(
+                    replaced.data,
+                    true,
+                    TreeNodeRecursion::Jump,
+                ));
             }
             Ok(Transformed::no(node))
         })

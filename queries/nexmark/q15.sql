@@ -1,6 +1,5 @@
 -- Nexmark q15: bidding statistics per day. Bids, bidders and auctions in three price ranges.
 -- weir: outputMode=update
--- weir: unsupported: count(DISTINCT ...) in a streaming aggregation
 SELECT CAST(date_time AS DATE) AS day,
        count(*) AS total_bids,
        count(*) FILTER (WHERE price < 10000) AS rank1_bids,

@@ -1,7 +1,6 @@
 -- Nexmark q16: channel statistics per day. As q15, per channel, with the last minute of the day
 -- a bid came in.
 -- weir: outputMode=update
--- weir: unsupported: count(DISTINCT ...) in a streaming aggregation
 SELECT channel,
        CAST(date_time AS DATE) AS day,
        max(to_char(date_time, '%H:%M')) AS minute,

@@ -183,18 +183,33 @@ async fn killed_at_every_stage_the_sink_holds_every_generated_bid_once() {
          SELECT auction, bidder, price, channel, date_time, extra FROM STREAM nexmark(table => 'bid', \
          numEvents => 20000, maxEventsPerTrigger => 2000, numPartitions => 2, firstEventRate => 10000)"
     );
-    let stages = ["after_wal", "after_get_batch", "sink_mid", "after_sink", "after_commit"];
+    let stages = [
+        "after_wal",
+        "after_get_batch",
+        "sink_mid",
+        "after_sink",
+        "after_commit",
+    ];
     for (i, stage) in stages.iter().enumerate() {
         crate::support::run_and_kill_at(&sql, ck, stage, i as u64 + 1);
     }
-    let (ok, _, err) =
-        crate::support::weir(&["run", "-e", &sql, "--checkpoint", ck, "--trigger", "availableNow"]);
+    let (ok, _, err) = crate::support::weir(&[
+        "run",
+        "-e",
+        &sql,
+        "--checkpoint",
+        ck,
+        "--trigger",
+        "availableNow",
+    ]);
     assert!(ok, "{err}");
 
     let session = WeirSession::new();
     session
         .context()
-        .sql(&format!("CREATE EXTERNAL TABLE got STORED AS PARQUET LOCATION '{out}'"))
+        .sql(&format!(
+            "CREATE EXTERNAL TABLE got STORED AS PARQUET LOCATION '{out}'"
+        ))
         .await
         .unwrap();
     let got = crate::support::text_rows(
@@ -210,7 +225,10 @@ async fn killed_at_every_stage_the_sink_holds_every_generated_bid_once() {
     };
     let bids = generate_table(&all, Table::Bid).await.unwrap();
     let mem = MemTable::try_new(Table::Bid.schema(), vec![bids]).unwrap();
-    session.context().register_table("want", Arc::new(mem)).unwrap();
+    session
+        .context()
+        .register_table("want", Arc::new(mem))
+        .unwrap();
     let want = crate::support::text_rows(
         &session,
         "SELECT auction, bidder, price, channel, date_time, extra FROM want",
@@ -221,5 +239,8 @@ async fn killed_at_every_stage_the_sink_holds_every_generated_bid_once() {
     got.sort();
     want.sort();
     assert_eq!(got.len(), want.len(), "bids in the sink");
-    assert!(got == want, "the sink holds other bids than the generator's");
+    assert!(
+        got == want,
+        "the sink holds other bids than the generator's"
+    );
 }

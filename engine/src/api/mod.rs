@@ -798,7 +798,7 @@ impl DataStreamWriter {
         let (plan, stateful) = streaming_plan(&self.plan, self.output_mode, true)?;
         // Optimized here only to find errors before anything starts; each batch optimizes the
         // plan again with its own batch time, so now() is the batch's time, as in Spark.
-        let optimized = inner.ctx.state().optimize(&plan)?;
+        let optimized = streaming_state(&inner.ctx).optimize(&plan)?;
         let tables = streaming_tables(&plan);
         let schema = Arc::new(optimized.schema().as_arrow().clone());
 
@@ -848,7 +848,7 @@ impl DataStreamWriter {
         let planned = self.plan_query()?;
         let (sources, sink) = (planned.sources.clone(), Arc::clone(&planned.sink));
         let inner = self.session;
-        let state = inner.ctx.state();
+        let state = streaming_state(&inner.ctx);
         let (location, temporary) = match &self.checkpoint {
             Some(dir) => (Location::parse(dir)?, false),
             None if sink.is_idempotent() && sink.identity().is_some() => {
@@ -1147,6 +1147,27 @@ pub(crate) struct Planned {
     pub(crate) sink: Arc<dyn Sink>,
     /// What the checkpoint records of the sink.
     pub(crate) sink_record: crate::checkpoint::SinkRecord,
+}
+
+/// DataFusion's optimizer rule that turns `count(DISTINCT x) GROUP BY k` into two aggregations
+/// (`GROUP BY k, x`, then `count(x) GROUP BY k`). Over a stream the outer one would count the
+/// inner one's updates, so streaming queries plan distinct aggregates with their own
+/// accumulators (the distinct values are the group's state) instead.
+const SINGLE_DISTINCT_RULE: &str = "single_distinct_aggregation_to_group_by";
+
+/// The session's state for planning and running a streaming query: without the optimizer rules
+/// that are wrong over a stream ([`SINGLE_DISTINCT_RULE`]).
+pub(crate) fn streaming_state(ctx: &SessionContext) -> datafusion::execution::SessionState {
+    let state = ctx.state();
+    let rules: Vec<_> = state
+        .optimizers()
+        .iter()
+        .filter(|r| r.name() != SINGLE_DISTINCT_RULE)
+        .cloned()
+        .collect();
+    SessionStateBuilder::new_from_existing(state)
+        .with_optimizer_rules(rules)
+        .build()
 }
 
 /// `plan` rewritten for streaming (each stateful operator recognised) and checked, with fresh

@@ -37,8 +37,8 @@ use datafusion::physical_plan::{
     DisplayAs, DisplayFormatType, ExecutionPlan, Partitioning, PhysicalExpr, PlanProperties,
 };
 use weir_sinks::OutputMode;
-use weir_state::table::{ValueChanges, times_up_to};
 use weir_state::KeyRange;
+use weir_state::table::{ValueChanges, times_up_to};
 
 use super::aggregate::{EventTimeKey, event_time_key, key_event_times, without_positions};
 use super::kind::{OperatorKind, StateFormat, sort_fields};
@@ -117,7 +117,12 @@ impl TopNExec {
         let order_fields = self
             .order_by
             .iter()
-            .map(|s| Ok(SortField::new_with_options(s.expr.data_type(&input_schema)?, s.options)))
+            .map(|s| {
+                Ok(SortField::new_with_options(
+                    s.expr.data_type(&input_schema)?,
+                    s.options,
+                ))
+            })
             .collect::<Result<Vec<_>>>()?;
         let mut value_fields: Vec<Field> = input_schema
             .fields()

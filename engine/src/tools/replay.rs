@@ -181,7 +181,7 @@ impl DataStreamWriter {
                         .and_then(|p| p.parse().ok())
                 })
                 .unwrap_or_else(|| self.session.ctx.state().config().target_partitions());
-            let mut state = self.session.ctx.state();
+            let mut state = crate::api::streaming_state(&self.session.ctx);
             state.config_mut().options_mut().execution.target_partitions = partitions;
             let run = if planned.stateful || stored.is_some() {
                 let logged = entry.metadata.conf.get(STATE_STORE).map(String::as_str);

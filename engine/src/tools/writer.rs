@@ -182,7 +182,7 @@ impl DataStreamWriter {
         checkpoint: &Checkpoint,
         restart: Option<&RestartPoint>,
     ) -> Result<(Vec<OperatorInfo>, Option<StateMetadata>)> {
-        let mut state = self.session.ctx.state();
+        let mut state = crate::api::streaming_state(&self.session.ctx);
         let stored = checkpoint.read_state_metadata().await?;
         let partitions = partitions_for(restart, stored.as_ref(), &state);
         state.config_mut().options_mut().execution.target_partitions = partitions;
