@@ -275,7 +275,8 @@ enum Command {
         #[arg(long)]
         bootstrap_servers: Option<String>,
         /// The files workload: write the input files here (unless it has files already) and
-        /// keep them, e.g. for Spark to read the same files.
+        /// keep them, e.g. for Spark to read the same files. nexmark-qN: read the events from
+        /// Parquet files here (written first unless they hold these events), one per batch.
         #[arg(long)]
         input_dir: Option<PathBuf>,
         /// server-load: queries hosted by the server.
@@ -885,6 +886,7 @@ async fn run(cli: Cli) -> anyhow::Result<std::process::ExitCode> {
                         events_per_batch,
                         partitions,
                         rate: event_rate,
+                        files: input_dir,
                     },
                 })
                 .await?;

@@ -156,6 +156,10 @@ pub struct NexmarkStreams {
     pub partitions: usize,
     /// Events per second of event time (`firstEventRate`).
     pub rate: u64,
+    /// Read the events from Parquet files in this folder (`<dir>/<table>/part-N.parquet`, one
+    /// file per batch, as [`write_parquet`] writes them) with weir's file source, instead of
+    /// generating them: the input Spark's file source reads in the side-by-side run.
+    pub files: Option<std::path::PathBuf>,
 }
 
 impl NexmarkStreams {
@@ -166,6 +170,22 @@ impl NexmarkStreams {
             .with("maxEventsPerTrigger", self.events_per_batch.to_string())
             .with("numPartitions", self.partitions.to_string())
             .with("firstEventRate", self.rate.to_string())
+    }
+
+    /// The stream `table` of these events: generated, or read from the Parquet files.
+    fn stream(&self, table: Table) -> Result<Arc<dyn SourceProvider>> {
+        let Some(dir) = &self.files else {
+            return Ok(self.source(table)? as Arc<dyn SourceProvider>);
+        };
+        let options = Options::new()
+            .with("path", dir.join(table.name()).to_string_lossy().to_string())
+            .with("maxFilesPerTrigger", "1");
+        weir_sources::FileSourceProvider::try_new(
+            weir_sources::files::FileFormat::Parquet,
+            &options,
+        )
+        .map(|s| Arc::new(s) as Arc<dyn SourceProvider>)
+        .map_err(|e| Error::Internal(e.to_string()))
     }
 
     fn source(&self, table: Table) -> Result<Arc<NexmarkSourceProvider>> {
@@ -179,10 +199,9 @@ impl NexmarkStreams {
 /// `side_input` (q13: keys 0 to 9,999, each with its decimal text as value).
 pub fn register_streams(session: &WeirSession, streams: &NexmarkStreams) -> Result<()> {
     for table in [Table::Person, Table::Auction, Table::Bid] {
-        session.stream_catalog().register_stream(
-            table.name(),
-            streams.source(table)? as Arc<dyn SourceProvider>,
-        );
+        session
+            .stream_catalog()
+            .register_stream(table.name(), streams.stream(table)?);
     }
     let schema = Arc::new(Schema::new(vec![
         Field::new("key", DataType::Int64, false),
@@ -227,6 +246,74 @@ pub async fn generate_table(streams: &NexmarkStreams, table: Table) -> Result<Ve
     Ok(parts?.concat())
 }
 
+/// Writes the events of `streams` to Parquet files under `dir`: `<table>/part-N.parquet`, file N
+/// holding batch N's rows (`events_per_batch` events each), modified one second apart in
+/// order so file sources read them in it, and `nexmark.json` saying what they hold. Returns
+/// whether it wrote them (false: `dir` already held these events).
+pub async fn write_parquet(streams: &NexmarkStreams, dir: &std::path::Path) -> Result<bool> {
+    let io = |e: &dyn std::fmt::Display| Error::Internal(format!("writing the Nexmark files: {e}"));
+    let manifest = serde_json::json!({
+        "events": streams.events,
+        "eventsPerBatch": streams.events_per_batch,
+        "firstEventRate": streams.rate,
+    });
+    let manifest_path = dir.join("nexmark.json");
+    if let Ok(text) = std::fs::read_to_string(&manifest_path)
+        && serde_json::from_str::<serde_json::Value>(&text).ok() == Some(manifest.clone())
+    {
+        return Ok(false);
+    }
+    let one = NexmarkStreams {
+        partitions: 1,
+        files: None,
+        ..streams.clone()
+    };
+    let batches = streams.events.div_ceil(streams.events_per_batch.max(1));
+    let now = std::time::SystemTime::now();
+    for table in [Table::Person, Table::Auction, Table::Bid] {
+        let folder = dir.join(table.name());
+        let _ = std::fs::remove_dir_all(&folder);
+        std::fs::create_dir_all(&folder).map_err(|e| io(&e))?;
+        let source = one.source(table)?;
+        let scratch = tempfile_dir()?;
+        let mut stream = source
+            .open(weir_sources::SourceContext {
+                metadata: crate::Location::local(&scratch).map_err(|e| io(&e))?,
+            })
+            .await
+            .map_err(|e| io(&e))?;
+        for b in 0..batches {
+            let (from, to) = (
+                b * streams.events_per_batch,
+                ((b + 1) * streams.events_per_batch).min(streams.events),
+            );
+            let parts = stream
+                .get_batch(
+                    &crate::Offset::long(from as i64),
+                    &crate::Offset::long(to as i64),
+                )
+                .await
+                .map_err(|e| io(&e))?;
+            let path = folder.join(format!("part-{b:06}.parquet"));
+            let file = std::fs::File::create(&path).map_err(|e| io(&e))?;
+            let mut w = parquet::arrow::ArrowWriter::try_new(file, table.schema(), None)
+                .map_err(|e| io(&e))?;
+            for batch in parts.iter().flatten() {
+                w.write(batch).map_err(|e| io(&e))?;
+            }
+            w.close().map_err(|e| io(&e))?;
+            std::fs::File::options()
+                .write(true)
+                .open(&path)
+                .and_then(|f| f.set_modified(now - std::time::Duration::from_secs(batches - b)))
+                .map_err(|e| io(&e))?;
+        }
+        let _ = std::fs::remove_dir_all(&scratch);
+    }
+    std::fs::write(&manifest_path, manifest.to_string()).map_err(|e| io(&e))?;
+    Ok(true)
+}
+
 /// What `weir bench --workload nexmark-qN` runs.
 #[derive(Debug, Clone)]
 pub struct NexmarkBenchConfig {
@@ -259,8 +346,10 @@ pub struct NexmarkReport {
     /// Events per CPU-second (Flink's Nexmark "throughput / cores", with measured cores).
     pub events_per_cpu_sec: f64,
     /// The generator alone, in the same process and partitions over the same events: events
-    /// per second, and the share of the query's time it accounts for.
+    /// per second (0 when the events were read from files).
     pub generation_events_per_sec: f64,
+    /// Where the events came from: `generator`, or the Parquet files' folder.
+    pub input: String,
     /// Rows the query wrote.
     pub output_rows: u64,
     /// Peak resident memory while the query ran, bytes.
@@ -290,6 +379,11 @@ pub async fn run_nexmark_bench(cfg: &NexmarkBenchConfig) -> Result<NexmarkReport
         )));
     }
     let s = &cfg.streams;
+    if let Some(dir) = &s.files
+        && write_parquet(s, dir).await?
+    {
+        eprintln!("wrote the events to Parquet files in {}", dir.display());
+    }
     let session =
         WeirSession::with_config(SessionConfig::new().with_target_partitions(s.partitions.max(1)));
     register_streams(&session, s)?;
@@ -326,7 +420,10 @@ pub async fn run_nexmark_bench(cfg: &NexmarkBenchConfig) -> Result<NexmarkReport
     let _ = std::fs::remove_dir_all(&dir);
     done.map_err(|e| Error::Internal(e.to_string()))?;
     let progress = collected.take();
-    let generation = generation_rate(s, &query.tables()).await?;
+    let generation = match s.files {
+        Some(_) => 0.0,
+        None => generation_rate(s, &query.tables()).await?,
+    };
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     let last_state = progress
         .iter()
@@ -344,6 +441,10 @@ pub async fn run_nexmark_bench(cfg: &NexmarkBenchConfig) -> Result<NexmarkReport
         cpu_seconds: cpu,
         events_per_cpu_sec: s.events as f64 / cpu.max(1e-9),
         generation_events_per_sec: generation,
+        input: s
+            .files
+            .as_ref()
+            .map_or("generator".to_string(), |d| d.display().to_string()),
         output_rows: progress
             .iter()
             .map(|p| p.sink.num_output_rows.max(0) as u64)
@@ -470,7 +571,7 @@ impl NexmarkReport {
     pub fn table(&self) -> String {
         let mib = |b: u64| b as f64 / (1024.0 * 1024.0);
         format!(
-            "nexmark {}  events {}  partitions {}  cores {}  batches {}\n\
+            "nexmark {}  events {}  input {}  partitions {}  cores {}  batches {}\n\
              events/s          {:>12.0}   ({:.0} per core)\n\
              events/CPU-second {:>12.0}   ({:.2} CPU-seconds)\n\
              generator alone   {:>12.0}   events/s\n\
@@ -480,6 +581,7 @@ impl NexmarkReport {
              wall              {:>12.2}   s\n",
             self.query,
             self.events,
+            self.input,
             self.partitions,
             self.cores,
             self.batches,

@@ -213,6 +213,10 @@ async fn remote(
         let mut bytes = response.bytes_stream();
         let mut pending = String::new();
         let mut event = String::new();
+        // One listener for the whole stream: a Ctrl-C that comes while a batch prints (between
+        // two polls) is kept for the next poll, where a listener made per poll would miss it.
+        let ctrl_c = tokio::signal::ctrl_c();
+        tokio::pin!(ctrl_c);
         loop {
             tokio::select! {
                 chunk = bytes.next() => {
@@ -235,7 +239,7 @@ async fn remote(
                         }
                     }
                 }
-                _ = tokio::signal::ctrl_c() => {
+                _ = &mut ctrl_c => {
                     // Dropping the response closes the connection: the server stops the query.
                     println!("Stopped.");
                     return Ok(());

@@ -21,6 +21,7 @@ fn streams() -> NexmarkStreams {
         events_per_batch: 40_000,
         partitions: 2,
         rate: 10_000,
+        files: None,
     }
 }
 
@@ -222,6 +223,7 @@ async fn killed_at_every_stage_the_sink_holds_every_generated_bid_once() {
         events_per_batch: 2_000,
         partitions: 1,
         rate: 10_000,
+        files: None,
     };
     let bids = generate_table(&all, Table::Bid).await.unwrap();
     let mem = MemTable::try_new(Table::Bid.schema(), vec![bids]).unwrap();
