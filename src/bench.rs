@@ -551,12 +551,12 @@ pub struct MergeFigures {
 
 /// Keeps every progress record of the bench's only query.
 #[derive(Default)]
-struct Collector(std::sync::Mutex<Vec<StreamingQueryProgress>>);
+pub(crate) struct Collector(std::sync::Mutex<Vec<StreamingQueryProgress>>);
 
 impl Collector {
     /// Stops `listener` (this collector) listening to `session`, after its last events, and
     /// hands over the records.
-    async fn detach(
+    pub(crate) async fn detach(
         &self,
         session: &WeirSession,
         listener: &Arc<dyn StreamingQueryListener>,

@@ -20,8 +20,8 @@ use weir_sources::NexmarkSourceProvider;
 use weir_sources::nexmark::Table;
 
 use crate::{
-    Error, Options, QueryProgressEvent, Result, ScriptOptions, SourceProvider, StatementResult,
-    StreamingQueryListener, StreamingQueryProgress, Trigger, WeirSession,
+    Error, Options, Result, ScriptOptions, SourceProvider, StatementResult, StreamingQueryListener,
+    Trigger, WeirSession,
 };
 
 /// One Nexmark query as kept in the repository.
@@ -400,7 +400,7 @@ pub async fn run_nexmark_bench(cfg: &NexmarkBenchConfig) -> Result<NexmarkReport
         trigger: Some(Trigger::AvailableNow),
         ..Default::default()
     };
-    let collected = Arc::new(Collector::default());
+    let collected = Arc::new(crate::bench::Collector::default());
     let listener: Arc<dyn StreamingQueryListener> = Arc::clone(&collected) as _;
     session.streams().add_listener(Arc::clone(&listener));
     reset_peak_rss();
@@ -414,12 +414,10 @@ pub async fn run_nexmark_bench(cfg: &NexmarkBenchConfig) -> Result<NexmarkReport
     let seconds = start.elapsed().as_secs_f64();
     let cpu = cpu_seconds() - cpu0;
     let peak_rss_bytes = peak_rss();
-    session.streams().flush_listeners().await;
-    session.streams().remove_listener(&listener);
+    let progress = collected.detach(&session, &listener).await;
     let checkpoint_bytes = dir_bytes(&dir);
     let _ = std::fs::remove_dir_all(&dir);
     done.map_err(|e| Error::Internal(e.to_string()))?;
-    let progress = collected.take();
     let generation = match s.files {
         Some(_) => 0.0,
         None => generation_rate(s, &query.tables()).await?,
@@ -544,26 +542,6 @@ fn dir_bytes(dir: &std::path::Path) -> u64 {
             Err(_) => 0,
         })
         .sum()
-}
-
-#[derive(Default)]
-struct Collector(std::sync::Mutex<Vec<StreamingQueryProgress>>);
-
-impl Collector {
-    fn take(&self) -> Vec<StreamingQueryProgress> {
-        self.0
-            .lock()
-            .map(|mut p| std::mem::take(&mut *p))
-            .unwrap_or_default()
-    }
-}
-
-impl StreamingQueryListener for Collector {
-    fn on_query_progress(&self, e: &QueryProgressEvent) {
-        if let Ok(mut p) = self.0.lock() {
-            p.push(e.progress.clone());
-        }
-    }
 }
 
 impl NexmarkReport {

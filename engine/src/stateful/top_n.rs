@@ -248,6 +248,19 @@ impl TopN {
         Ok(RecordBatch::try_new(Arc::clone(&self.schema), columns)?)
     }
 
+    /// Every row of the stored `(key, list)` entries, ranked, as output rows.
+    fn lists_out(&self, entries: &[(Vec<u8>, Vec<u8>)]) -> Result<RecordBatch> {
+        let lists = entries
+            .iter()
+            .map(|(_, v)| decode_list(v).ok_or_else(damaged))
+            .collect::<Result<Vec<_>>>()?;
+        let rows: Vec<(usize, &[u8])> = lists
+            .iter()
+            .flat_map(|l| l.iter().enumerate().map(|(i, r)| (i, r.row.as_slice())))
+            .collect();
+        self.rows_out(&rows)
+    }
+
     /// The batch's rows by stored key, in first-seen order, each with its ranked rows.
     fn group(
         &self,
@@ -392,15 +405,7 @@ impl StatefulOperator for TopN {
             }
             OutputMode::Complete => {
                 let all = store.scan(&KeyRange::all()).map_err(state_error)?;
-                let lists = all
-                    .iter()
-                    .map(|(_, v)| decode_list(v).ok_or_else(damaged))
-                    .collect::<Result<Vec<_>>>()?;
-                let rows: Vec<(usize, &[u8])> = lists
-                    .iter()
-                    .flat_map(|l| l.iter().enumerate().map(|(i, r)| (i, r.row.as_slice())))
-                    .collect();
-                output.push(self.rows_out(&rows)?);
+                output.push(self.lists_out(&all)?);
             }
             OutputMode::Append => {}
         }
@@ -420,15 +425,7 @@ impl StatefulOperator for TopN {
                 }
                 deletes.apply_to(store.as_mut()).map_err(state_error)?;
                 if run.output_mode == OutputMode::Append {
-                    let lists = expired
-                        .iter()
-                        .map(|(_, v)| decode_list(v).ok_or_else(damaged))
-                        .collect::<Result<Vec<_>>>()?;
-                    let rows: Vec<(usize, &[u8])> = lists
-                        .iter()
-                        .flat_map(|l| l.iter().enumerate().map(|(i, r)| (i, r.row.as_slice())))
-                        .collect();
-                    output.push(self.rows_out(&rows)?);
+                    output.push(self.lists_out(&expired)?);
                 }
             }
             removed = expired.len() as u64;
