@@ -34,6 +34,8 @@ pub struct BenchConfig {
     /// The `files` workload: write (or reuse) the input files in this folder and keep them, so
     /// another engine can read the same files.
     pub input_dir: Option<std::path::PathBuf>,
+    /// After the run, restart the query on its checkpoint for one more batch and time it.
+    pub restart: bool,
 }
 
 /// Summary statistics of a series.
@@ -81,6 +83,14 @@ pub struct BenchReport {
     /// The AUTO CDC workloads: each batch's MERGE and Delta commit.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub merge: Option<MergeFigures>,
+    /// Peak resident memory during the run (warm-up included), bytes.
+    pub peak_rss_bytes: u64,
+    /// The checkpoint's size on disk after the run, bytes.
+    pub checkpoint_bytes: u64,
+    /// With `--restart`: from starting the query again on its checkpoint to its next batch
+    /// committed, in the same process (state reopened from the checkpoint's files), ms.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub restart_ms: Option<f64>,
 }
 
 /// The state figures of a bench run.
@@ -310,17 +320,76 @@ async fn run_prepared(cfg: &BenchConfig, input: &Input) -> Result<BenchReport> {
     let collected = Arc::new(Collector::default());
     let collector: Arc<dyn StreamingQueryListener> = Arc::clone(&collected) as _;
     session.streams().add_listener(Arc::clone(&collector));
-    let mut results = session.run_script(&sql, &opts).await?;
-    let Some(StatementResult::Query(q)) = results.pop() else {
-        return Err(Error::Internal(
-            "the bench workload started no query".into(),
-        ));
+    reset_peak_rss();
+    let run = |max_batches: u64| {
+        let opts = ScriptOptions {
+            max_batches: Some(max_batches),
+            ..opts.clone()
+        };
+        let (session, sql) = (&session, &sql);
+        async move {
+            let mut results = session.run_script(sql, &opts).await?;
+            let Some(StatementResult::Query(q)) = results.pop() else {
+                return Err(Error::Internal(
+                    "the bench workload started no query".into(),
+                ));
+            };
+            q.await_termination()
+                .await
+                .map_err(|e| Error::Internal(e.to_string()))
+        }
     };
-    let done = q.await_termination().await;
-    let _ = std::fs::remove_dir_all(&dir);
-    done.map_err(|e| Error::Internal(e.to_string()))?;
+    let done = run(cfg.warmup + cfg.batches).await;
+    let peak_rss_bytes = peak_rss();
+    let checkpoint_bytes = dir_bytes(&dir);
     let progress = collected.detach(&session, &collector).await;
-    Ok(summarize(cfg, &progress, input))
+    let restart_ms = match (&done, cfg.restart) {
+        (Ok(_), true) => {
+            let started = std::time::Instant::now();
+            let again = run(cfg.warmup + cfg.batches + 1).await;
+            again.map(|_| started.elapsed().as_secs_f64() * 1000.0).ok()
+        }
+        _ => None,
+    };
+    let _ = std::fs::remove_dir_all(&dir);
+    done?;
+    let mut report = summarize(cfg, &progress, input);
+    report.peak_rss_bytes = peak_rss_bytes;
+    report.checkpoint_bytes = checkpoint_bytes;
+    report.restart_ms = restart_ms;
+    Ok(report)
+}
+
+/// Starts a new peak of the resident set (`VmHWM`), as Linux allows by `/proc/self/clear_refs`.
+pub(crate) fn reset_peak_rss() {
+    let _ = std::fs::write("/proc/self/clear_refs", "5");
+}
+
+/// The resident set's peak since the last reset, bytes.
+pub(crate) fn peak_rss() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("VmHWM:"))
+                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        })
+        .map_or(0, |kb| kb * 1024)
+}
+
+/// Bytes of the files under `dir`.
+pub(crate) fn dir_bytes(dir: &std::path::Path) -> u64 {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return 0;
+    };
+    entries
+        .flatten()
+        .map(|e| match e.file_type() {
+            Ok(t) if t.is_dir() => dir_bytes(&e.path()),
+            Ok(_) => e.metadata().map_or(0, |m| m.len()),
+            Err(_) => 0,
+        })
+        .sum()
 }
 
 /// The report of a run from its progress records.
@@ -393,6 +462,9 @@ fn summarize(cfg: &BenchConfig, progress: &[StreamingQueryProgress], input: &Inp
             _ => None,
         },
         merge: None,
+        peak_rss_bytes: 0,
+        checkpoint_bytes: 0,
+        restart_ms: None,
     }
 }
 
@@ -610,6 +682,14 @@ impl BenchReport {
                 m.files_removed,
                 m.bytes_added / 1e6
             );
+        }
+        s += &format!(
+            "peak RSS {:.1} MiB  checkpoint {:.1} MiB\n",
+            self.peak_rss_bytes as f64 / 1048576.0,
+            self.checkpoint_bytes as f64 / 1048576.0
+        );
+        if let Some(r) = self.restart_ms {
+            s += &format!("restart to the next batch committed: {r:.0} ms\n");
         }
         if let Some(st) = &self.state {
             s += &format!(

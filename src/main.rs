@@ -288,6 +288,10 @@ enum Command {
         /// server-load: how long the requests go on, in seconds.
         #[arg(long, default_value_t = 60)]
         seconds: u64,
+        /// After the run, restart the query on its checkpoint for one more batch and report how
+        /// long that took (state reopened from the checkpoint).
+        #[arg(long)]
+        restart: bool,
         /// nexmark-qN: events generated (people, auctions and bids together).
         #[arg(long, default_value_t = 10_000_000)]
         events: u64,
@@ -877,6 +881,7 @@ async fn run(cli: Cli) -> anyhow::Result<std::process::ExitCode> {
             events,
             events_per_batch,
             event_rate,
+            restart,
         } => {
             if workload.to_ascii_lowercase().starts_with("nexmark-") {
                 let report = weir::nexmark::run_nexmark_bench(&weir::nexmark::NexmarkBenchConfig {
@@ -923,6 +928,7 @@ async fn run(cli: Cli) -> anyhow::Result<std::process::ExitCode> {
                 min_deltas_for_snapshot,
                 bootstrap_servers,
                 input_dir,
+                restart,
             })
             .await?;
             if json {

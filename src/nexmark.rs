@@ -403,7 +403,7 @@ pub async fn run_nexmark_bench(cfg: &NexmarkBenchConfig) -> Result<NexmarkReport
     let collected = Arc::new(crate::bench::Collector::default());
     let listener: Arc<dyn StreamingQueryListener> = Arc::clone(&collected) as _;
     session.streams().add_listener(Arc::clone(&listener));
-    reset_peak_rss();
+    crate::bench::reset_peak_rss();
     let cpu0 = cpu_seconds();
     let start = Instant::now();
     let mut results = session.run_script(&sql, &opts).await?;
@@ -413,9 +413,9 @@ pub async fn run_nexmark_bench(cfg: &NexmarkBenchConfig) -> Result<NexmarkReport
     let done = q.await_termination().await;
     let seconds = start.elapsed().as_secs_f64();
     let cpu = cpu_seconds() - cpu0;
-    let peak_rss_bytes = peak_rss();
+    let peak_rss_bytes = crate::bench::peak_rss();
     let progress = collected.detach(&session, &listener).await;
-    let checkpoint_bytes = dir_bytes(&dir);
+    let checkpoint_bytes = crate::bench::dir_bytes(&dir);
     let _ = std::fs::remove_dir_all(&dir);
     done.map_err(|e| Error::Internal(e.to_string()))?;
     let generation = match s.files {
@@ -511,37 +511,6 @@ fn cpu_seconds() -> f64 {
             Some((utime + stime) / 100.0)
         })
         .unwrap_or(0.0)
-}
-
-/// Starts a new peak of the resident set (`VmHWM`), as Linux allows by `/proc/self/clear_refs`.
-fn reset_peak_rss() {
-    let _ = std::fs::write("/proc/self/clear_refs", "5");
-}
-
-/// The resident set's peak since the last reset, bytes.
-fn peak_rss() -> u64 {
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find_map(|l| l.strip_prefix("VmHWM:"))
-                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
-        })
-        .map_or(0, |kb| kb * 1024)
-}
-
-fn dir_bytes(dir: &std::path::Path) -> u64 {
-    let Ok(entries) = std::fs::read_dir(dir) else {
-        return 0;
-    };
-    entries
-        .flatten()
-        .map(|e| match e.file_type() {
-            Ok(t) if t.is_dir() => dir_bytes(&e.path()),
-            Ok(_) => e.metadata().map_or(0, |m| m.len()),
-            Err(_) => 0,
-        })
-        .sum()
 }
 
 impl NexmarkReport {
