@@ -227,23 +227,12 @@ pub fn register_streams(session: &WeirSession, streams: &NexmarkStreams) -> Resu
 /// Every event of `table` among the first `streams.events`, in one partition: what the
 /// streams yield, for batch SQL over the same events.
 pub async fn generate_table(streams: &NexmarkStreams, table: Table) -> Result<Vec<RecordBatch>> {
-    let dir = tempfile_dir()?;
-    let source = streams.source(table)?;
-    let mut stream = source
-        .open(weir_sources::SourceContext {
-            metadata: crate::Location::local(&dir).map_err(|e| Error::Internal(e.to_string()))?,
-        })
+    let parts = streams
+        .source(table)?
+        .generate(0..streams.events, 1)
         .await
         .map_err(|e| Error::Internal(e.to_string()))?;
-    let parts = stream
-        .get_batch(
-            &crate::Offset::long(0),
-            &crate::Offset::long(streams.events as i64),
-        )
-        .await
-        .map_err(|e| Error::Internal(e.to_string()));
-    let _ = std::fs::remove_dir_all(&dir);
-    Ok(parts?.concat())
+    Ok(parts.concat())
 }
 
 /// Writes the events of `streams` to Parquet files under `dir`: `<table>/part-N.parquet`, file N
@@ -263,37 +252,19 @@ pub async fn write_parquet(streams: &NexmarkStreams, dir: &std::path::Path) -> R
     {
         return Ok(false);
     }
-    let one = NexmarkStreams {
-        partitions: 1,
-        files: None,
-        ..streams.clone()
-    };
     let batches = streams.events.div_ceil(streams.events_per_batch.max(1));
     let now = std::time::SystemTime::now();
     for table in [Table::Person, Table::Auction, Table::Bid] {
         let folder = dir.join(table.name());
         let _ = std::fs::remove_dir_all(&folder);
         std::fs::create_dir_all(&folder).map_err(|e| io(&e))?;
-        let source = one.source(table)?;
-        let scratch = tempfile_dir()?;
-        let mut stream = source
-            .open(weir_sources::SourceContext {
-                metadata: crate::Location::local(&scratch).map_err(|e| io(&e))?,
-            })
-            .await
-            .map_err(|e| io(&e))?;
+        let source = streams.source(table)?;
         for b in 0..batches {
             let (from, to) = (
                 b * streams.events_per_batch,
                 ((b + 1) * streams.events_per_batch).min(streams.events),
             );
-            let parts = stream
-                .get_batch(
-                    &crate::Offset::long(from as i64),
-                    &crate::Offset::long(to as i64),
-                )
-                .await
-                .map_err(|e| io(&e))?;
+            let parts = source.generate(from..to, 1).await.map_err(|e| io(&e))?;
             let path = folder.join(format!("part-{b:06}.parquet"));
             let file = std::fs::File::create(&path).map_err(|e| io(&e))?;
             let mut w = parquet::arrow::ArrowWriter::try_new(file, table.schema(), None)
@@ -308,7 +279,6 @@ pub async fn write_parquet(streams: &NexmarkStreams, dir: &std::path::Path) -> R
                 .and_then(|f| f.set_modified(now - std::time::Duration::from_secs(batches - b)))
                 .map_err(|e| io(&e))?;
         }
-        let _ = std::fs::remove_dir_all(&scratch);
     }
     std::fs::write(&manifest_path, manifest.to_string()).map_err(|e| io(&e))?;
     Ok(true)
@@ -462,39 +432,20 @@ pub async fn run_nexmark_bench(cfg: &NexmarkBenchConfig) -> Result<NexmarkReport
 /// Events per second the generator alone produces for `tables` over the run's events, in the
 /// run's batches and partitions.
 async fn generation_rate(s: &NexmarkStreams, tables: &[Table]) -> Result<f64> {
-    let dir = tempfile_dir()?;
     let start = Instant::now();
     for table in tables {
         let source = s.source(*table)?;
-        let mut stream = source
-            .open(weir_sources::SourceContext {
-                metadata: crate::Location::local(&dir)
-                    .map_err(|e| Error::Internal(e.to_string()))?,
-            })
-            .await
-            .map_err(|e| Error::Internal(e.to_string()))?;
         let mut at = 0u64;
         while at < s.events {
             let end = (at + s.events_per_batch.max(1)).min(s.events);
-            let parts = stream
-                .get_batch(
-                    &crate::Offset::long(at as i64),
-                    &crate::Offset::long(end as i64),
-                )
+            source
+                .generate(at..end, s.partitions as u64)
                 .await
                 .map_err(|e| Error::Internal(e.to_string()))?;
-            drop(parts);
             at = end;
         }
     }
-    let _ = std::fs::remove_dir_all(&dir);
     Ok(s.events as f64 / start.elapsed().as_secs_f64().max(1e-9))
-}
-
-fn tempfile_dir() -> Result<std::path::PathBuf> {
-    let dir = std::env::temp_dir().join(format!("weir-nexmark-gen-{}", uuid::Uuid::new_v4()));
-    std::fs::create_dir_all(&dir).map_err(|e| Error::Internal(e.to_string()))?;
-    Ok(dir)
 }
 
 /// CPU time of this process so far (user + system, all threads), seconds.

@@ -200,10 +200,7 @@ fn window_below<'a>(plan: &'a LogicalPlan, name: &str) -> Option<(&'a LogicalPla
         LogicalPlan::Window(_) => Some((plan, name.to_string())),
         LogicalPlan::SubqueryAlias(a) => window_below(&a.input, name),
         LogicalPlan::Projection(p) => {
-            let i = p
-                .schema
-                .index_of_column_by_name(None, name)
-                .or_else(|| p.schema.fields().iter().position(|f| f.name() == name))?;
+            let i = p.schema.fields().iter().position(|f| f.name() == name)?;
             let inner = match &p.expr[i] {
                 Expr::Alias(a) => match a.expr.as_ref() {
                     Expr::Column(c) => c.name.clone(),

@@ -9,6 +9,7 @@
 
 mod generator;
 
+use std::ops::Range;
 use std::sync::Arc;
 
 use arrow::datatypes::SchemaRef;
@@ -175,6 +176,41 @@ impl NexmarkSourceProvider {
     pub fn table(&self) -> Table {
         self.table
     }
+
+    /// The rows of events `events` (event counts), as a batch of the stream over them reads
+    /// them: `partitions` contiguous slices, generated in parallel off the async runtime.
+    pub async fn generate(&self, events: Range<u64>, partitions: u64) -> Result<Partitions> {
+        let (s, len, n) = (events.start, events.end - events.start, partitions.max(1));
+        let tasks: Vec<_> = (0..n)
+            .map(|p| {
+                let from = s + (len as u128 * p as u128 / n as u128) as u64;
+                let to = s + (len as u128 * (p + 1) as u128 / n as u128) as u64;
+                let generator = Arc::clone(&self.generator);
+                let table = self.table;
+                tokio::task::spawn_blocking(move || {
+                    generator.generate(table, from..to, EVENTS_PER_RECORD_BATCH)
+                })
+            })
+            .collect();
+        let mut out = Vec::with_capacity(tasks.len());
+        for task in tasks {
+            let part = task.await.map_err(|e| {
+                Error::User(ClassifiedError::new(
+                    "INTERNAL_ERROR",
+                    "XX000",
+                    format!("The nexmark generator's task failed: {e}"),
+                ))
+            })??;
+            out.push(part);
+        }
+        Ok(out)
+    }
+
+    /// The partitions a stream of this source generates each batch in.
+    fn partitions(&self) -> u64 {
+        self.num_partitions
+            .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get() as u64))
+    }
 }
 
 /// `baseTime`: epoch milliseconds, or a timestamp such as `2015-07-15T00:00:00Z`.
@@ -210,12 +246,9 @@ impl SourceProvider for NexmarkSourceProvider {
     }
 
     async fn open(&self, _ctx: SourceContext) -> Result<Box<dyn MicroBatchStream>> {
-        let partitions = self
-            .num_partitions
-            .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get() as u64));
         Ok(Box::new(NexmarkStream {
             def: self.clone(),
-            partitions,
+            partitions: self.partitions(),
             available_now_target: None,
             latest: None,
         }))
@@ -311,32 +344,7 @@ impl MicroBatchStream for NexmarkStream {
                  location."
             )));
         }
-        // Contiguous slices, one per partition, generated in parallel off the async runtime.
-        let n = self.partitions;
-        let len = e - s;
-        let tasks: Vec<_> = (0..n)
-            .map(|p| {
-                let from = s + (len as u128 * p as u128 / n as u128) as u64;
-                let to = s + (len as u128 * (p + 1) as u128 / n as u128) as u64;
-                let generator = Arc::clone(&self.def.generator);
-                let table = self.def.table;
-                tokio::task::spawn_blocking(move || {
-                    generator.generate(table, from..to, EVENTS_PER_RECORD_BATCH)
-                })
-            })
-            .collect();
-        let mut out = Vec::with_capacity(tasks.len());
-        for task in tasks {
-            let part = task.await.map_err(|e| {
-                Error::User(ClassifiedError::new(
-                    "INTERNAL_ERROR",
-                    "XX000",
-                    format!("The nexmark generator's task failed: {e}"),
-                ))
-            })??;
-            out.push(part);
-        }
-        Ok(out)
+        self.def.generate(s..e, self.partitions).await
     }
 
     async fn prepare_for_available_now(&mut self, start: &Offset) -> Result<Offset> {
