@@ -198,4 +198,11 @@ pub trait StateStoreProvider: Send + Sync + fmt::Debug {
     fn wait_durable(&self, _version: u64) -> Result<()> {
         Ok(())
     }
+
+    /// Ends the run that opened the provider: finishes background work and leaves what is
+    /// local in a state the next run can pick up (RocksDB: its instances flushed and closed).
+    /// The provider is not used afterwards.
+    fn close(&self) -> Result<()> {
+        Ok(())
+    }
 }

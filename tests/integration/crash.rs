@@ -186,8 +186,9 @@ async fn windowed_aggregation_survives_kills(options: &str) {
     assert!(kills >= 20);
     let status = weir(&sql, ck, &["--max-batches", "6"]).status().unwrap();
     assert!(status.success());
-    // Each killed run left its local RocksDB folder; the next run of the query removed it, and
-    // the clean last run its own.
+    // Every run, killed or not, kept its RocksDB instances in the one folder of the query's
+    // checkpoint on this machine, for the next run to reuse (or rebuild where the kill left
+    // them ahead of or apart from the checkpoint): nothing else piles up.
     let meta: serde_json::Value =
         serde_json::from_slice(&std::fs::read(format!("{ck}/metadata")).unwrap()).unwrap();
     let prefix = format!("weir-state-{}-", meta["id"].as_str().unwrap());
@@ -196,7 +197,10 @@ async fn windowed_aggregation_survives_kills(options: &str) {
         .map(|e| e.unwrap().file_name().to_string_lossy().to_string())
         .filter(|n| n.starts_with(&prefix))
         .collect();
-    assert!(left.is_empty(), "local state folders left behind: {left:?}");
+    assert!(
+        left.len() == 1 && left[0].contains("-at-"),
+        "local state folders: {left:?}"
+    );
 
     let session = WeirSession::new();
     session

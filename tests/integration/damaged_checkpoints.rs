@@ -73,7 +73,7 @@ fn damage(path: &Path, how: Damage) {
         // gets a version line it does not have.
         Damage::Newer => {
             let text = String::from_utf8_lossy(&bytes);
-            if bytes.starts_with(b"WEIRCL1") || bytes.starts_with(b"WEIRSN1") {
+            if bytes.starts_with(b"WEIRCL") || bytes.starts_with(b"WEIRSN") {
                 let mut b = bytes.clone();
                 b[6] = b'9';
                 b

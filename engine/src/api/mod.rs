@@ -1035,7 +1035,9 @@ impl DataStreamWriter {
                 checkpoint.state_dir(),
                 mirror,
                 checkpoint.id(),
-                shared.run_id,
+                crate::stateful::Instances::Kept {
+                    location: checkpoint.location().display().to_string(),
+                },
                 partitions,
                 self.output_mode,
             )?);

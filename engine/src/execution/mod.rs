@@ -232,9 +232,15 @@ impl Execution {
         } else {
             self.checkpoint.delete_if_temporary();
         }
-        // Free the checkpoint and the query's slot before anyone waiting sees it stopped, so a
-        // restart right after await_termination() is not refused as concurrent. (The state
-        // stores close when the run is dropped; a new run uses a local folder of its own.)
+        // Close the state (RocksDB: instances flushed and closed, kept for the next run) and
+        // free the checkpoint and the query's slot before anyone waiting sees it stopped, so a
+        // restart right after await_termination() is not refused as concurrent and finds the
+        // instances free.
+        if let Some((run, _)) = self.state_run.take()
+            && let Err(e) = run.provider.close()
+        {
+            tracing::warn!(query_id = %self.shared.id, "closing the state stores: {e}");
+        }
         self.checkpoint.release().await;
         self.manager.unregister(self.shared.id);
         self.shared.update(|s| {
@@ -381,14 +387,17 @@ impl Execution {
                 TriggerOutcome::NoData { latest_offset } => {
                     // Nothing to overlap with: the batch waiting for durable state commits.
                     self.finish_pending(&mut lp).await?;
+                    if matches!(self.trigger, Trigger::Once | Trigger::AvailableNow) {
+                        // process_all_available() returns when the run has ended (its state
+                        // closed, its checkpoint free), not before: a run started right after
+                        // it finds the checkpoint free.
+                        info!("all data available at start is processed; stopping");
+                        break;
+                    }
                     self.shared.update(|s| {
                         s.last_idle_trigger = seq;
                         s.status = status("Waiting for data to arrive", false, false);
                     });
-                    if matches!(self.trigger, Trigger::Once | Trigger::AvailableNow) {
-                        info!("all data available at start is processed; stopping");
-                        break;
-                    }
                     // As Spark's ProgressReporter.updateIdleness: once per interval since the
                     // last progress, record a no-data progress entry; post an idle event for
                     // it unless it is the first entry of this run.

@@ -703,7 +703,7 @@ mod tests {
             None,
             None,
             uuid::Uuid::nil(),
-            uuid::Uuid::nil(),
+            super::super::Instances::Scratch(uuid::Uuid::nil()),
             1,
             mode,
         )

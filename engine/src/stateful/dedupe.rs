@@ -659,7 +659,7 @@ mod tests {
             None,
             None,
             uuid::Uuid::nil(),
-            uuid::Uuid::nil(),
+            crate::stateful::Instances::Scratch(uuid::Uuid::nil()),
             1,
             OutputMode::Append,
         )
@@ -738,7 +738,7 @@ mod tests {
             None,
             None,
             uuid::Uuid::nil(),
-            uuid::Uuid::nil(),
+            crate::stateful::Instances::Scratch(uuid::Uuid::nil()),
             1,
             OutputMode::Append,
         )

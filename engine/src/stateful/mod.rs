@@ -123,6 +123,66 @@ pub(crate) fn run_scratch_dir(kind: &str, query_id: uuid::Uuid, run_id: uuid::Uu
     std::env::temp_dir().join(format!("{prefix}{run_id}"))
 }
 
+/// Where a run keeps its RocksDB instances.
+#[derive(Debug, Clone)]
+pub(crate) enum Instances {
+    /// A folder of this run (see [`run_scratch_dir`]), removed when it ends: tools that work on
+    /// a copy of a checkpoint's state.
+    Scratch(uuid::Uuid),
+    /// The query's folder on this machine for the checkpoint at `location` (see
+    /// [`kept_instances_dir`]), kept when the run ends: the next run finds its instances at
+    /// their versions and opens them as they are, instead of rebuilding them from the
+    /// checkpoint.
+    Kept { location: String },
+}
+
+/// `<temp>/weir-state-<query id>-at-<hash of the checkpoint's location>`: the RocksDB instances
+/// of the query's runs on this machine, which the next run reuses where they match the
+/// checkpoint (the provider checks each against its changelog). Two copies of one checkpoint
+/// share a query ID but not a location. An `owner` file names the location; folders whose local
+/// checkpoint folder is gone are removed here, as are the per-run folders of runs that died.
+pub(crate) fn kept_instances_dir(query_id: uuid::Uuid, location: &str) -> PathBuf {
+    let hash = location.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+    });
+    let name = format!("weir-state-{query_id}-at-{hash:016x}");
+    let run_prefix = format!("weir-state-{query_id}-");
+    for entry in std::fs::read_dir(std::env::temp_dir())
+        .into_iter()
+        .flatten()
+        .flatten()
+    {
+        let file_name = entry.file_name().to_string_lossy().to_string();
+        if !file_name.starts_with("weir-state-") || file_name == name {
+            continue;
+        }
+        let stale = if file_name.contains("-at-") {
+            // Another checkpoint's: gone when its local checkpoint folder is.
+            std::fs::read_to_string(entry.path().join("owner"))
+                .ok()
+                .and_then(|owner| local_folder(&owner))
+                .is_some_and(|folder| !folder.exists())
+        } else {
+            // A run folder of this query (an older weir's, or a tool's that died).
+            file_name.starts_with(&run_prefix)
+        };
+        if stale {
+            let _ = std::fs::remove_dir_all(entry.path());
+        }
+    }
+    let dir = std::env::temp_dir().join(name);
+    if std::fs::create_dir_all(&dir).is_ok() {
+        let _ = std::fs::write(dir.join("owner"), location);
+    }
+    dir
+}
+
+/// The local folder a checkpoint location names (`file://` or a plain path), if it is local.
+fn local_folder(location: &str) -> Option<PathBuf> {
+    let path = location.strip_prefix("file://").unwrap_or(location);
+    path.starts_with('/').then(|| PathBuf::from(path))
+}
+
 impl Drop for ScratchDir {
     fn drop(&mut self) {
         if let Some(d) = &self.0 {
@@ -236,16 +296,16 @@ pub(crate) struct StateRun {
 
 impl StateRun {
     /// Opens `backend` for one run: RocksDB keeps its changelogs in `state_dir` (the
-    /// checkpoint's `state/`) and its instances in a local folder of this run
-    /// (`<temp>/weir-state-<query id>-<run id>`), removed when the run ends. A run killed
-    /// before that leaves its folder: the next run of the query removes it, so crashes do not
-    /// pile folders up.
+    /// checkpoint's `state/`) and its instances where `instances` says: kept for the query's
+    /// next run, or in a folder of this run (`<temp>/weir-state-<query id>-<run id>`) removed
+    /// when it ends. A run killed before that leaves its folder: the next run of the query
+    /// removes it, so crashes do not pile folders up.
     pub(crate) fn open(
         backend: StateBackend,
         state_dir: Option<PathBuf>,
         mirror: Option<crate::checkpoint::state_mirror::StateMirror>,
         query_id: uuid::Uuid,
-        run_id: uuid::Uuid,
+        instances: Instances,
         partitions: usize,
         output_mode: OutputMode,
     ) -> EngineResult<Self> {
@@ -269,14 +329,16 @@ impl StateRun {
                         ));
                     }
                 };
-                let local = run_scratch_dir("weir-state", query_id, run_id);
+                let (local, removed) = match instances {
+                    Instances::Scratch(run_id) => {
+                        let d = run_scratch_dir("weir-state", query_id, run_id);
+                        (d.clone(), Some(d))
+                    }
+                    Instances::Kept { location } => (kept_instances_dir(query_id, &location), None),
+                };
                 (
-                    Arc::new(RocksDbStateStoreProvider::with_config(
-                        dir,
-                        local.clone(),
-                        config,
-                    )),
-                    Some(local),
+                    Arc::new(RocksDbStateStoreProvider::with_config(dir, local, config)),
+                    removed,
                 )
             }
         };
@@ -635,4 +697,41 @@ fn rewrite(
         return Ok(plan);
     }
     datafusion::physical_plan::execution_plan::replace_children_if_necessary(plan, children)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn kept_instance_folders_go_with_their_checkpoint_and_dead_runs_folders_go() {
+        let (query, other) = (uuid::Uuid::new_v4(), uuid::Uuid::new_v4());
+        let ck = tempfile::tempdir().unwrap();
+        let gone = tempfile::tempdir().unwrap();
+        let gone_path = gone.path().display().to_string();
+        let live = kept_instances_dir(other, &ck.path().display().to_string());
+        let orphan = kept_instances_dir(other, &gone_path);
+        drop(gone);
+        let s3 = kept_instances_dir(other, "s3://bucket/ck");
+        let dead_run = run_scratch_dir("weir-state", query, uuid::Uuid::new_v4());
+        std::fs::create_dir_all(&dead_run).unwrap();
+        let ours = kept_instances_dir(query, &ck.path().display().to_string());
+        assert_ne!(ours, live, "two queries on one location share no folder");
+        assert!(ours.is_dir() && ours.join("owner").is_file());
+        assert!(live.is_dir(), "its checkpoint is there");
+        assert!(s3.is_dir(), "an object-store checkpoint cannot be checked");
+        assert!(!orphan.exists(), "its checkpoint folder is gone");
+        assert!(
+            !dead_run.exists(),
+            "a dead run's folder of the query is removed"
+        );
+        // The same query and location find the same folder again.
+        assert_eq!(
+            kept_instances_dir(query, &ck.path().display().to_string()),
+            ours
+        );
+        for d in [ours, live, s3] {
+            std::fs::remove_dir_all(d).unwrap();
+        }
+    }
 }

@@ -74,7 +74,7 @@ impl Harness {
             None,
             None,
             uuid::Uuid::nil(),
-            uuid::Uuid::nil(),
+            super::Instances::Scratch(uuid::Uuid::nil()),
             1,
             mode,
         )

@@ -193,7 +193,7 @@ impl DataStreamWriter {
                     Some(local),
                     None,
                     checkpoint.id(),
-                    uuid::Uuid::new_v4(),
+                    crate::stateful::Instances::Scratch(uuid::Uuid::new_v4()),
                     partitions,
                     self.output_mode,
                 )?);

@@ -194,7 +194,7 @@ impl DataStreamWriter {
             None,
             None,
             checkpoint.id(),
-            uuid::Uuid::new_v4(),
+            crate::stateful::Instances::Scratch(uuid::Uuid::new_v4()),
             partitions,
             self.output_mode,
         )?);

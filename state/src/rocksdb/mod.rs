@@ -36,7 +36,18 @@ const NUM_KEYS_KEY: &[u8] = b"num_keys";
 /// A local instance's ID, new for each created or restored instance: it makes the names of
 /// uploaded SST files unique.
 const INSTANCE_KEY: &[u8] = b"instance";
-const CHANGELOG_MAGIC: &[u8] = b"WEIRCL1\n";
+/// The last 8 bytes (the checksum) of the changelog of the local instance's version: a reused
+/// instance is trusted only when the checkpoint's changelog of its version still ends so.
+const APPLIED_KEY: &[u8] = b"applied";
+/// Changelogs as weir wrote them until 2026-12: the magic, the operations, an FNV-1a checksum.
+/// Still read.
+const CHANGELOG_MAGIC_V1: &[u8] = b"WEIRCL1\n";
+/// Changelogs as weir writes them: the magic, one zstd frame holding the store's key count
+/// after the version (u64) and the operations, then a CRC-32 of all before it.
+const CHANGELOG_MAGIC: &[u8] = b"WEIRCL2\n";
+/// zstd's fastest level: a changelog is written on the commit path, and state keys and values
+/// (arrow-row encoded numbers and times, repeated headers) still shrink 4-8 times at it.
+const CHANGELOG_ZSTD_LEVEL: i32 = 1;
 
 /// Memory bounds shared by every RocksDB instance of a provider, so state larger than memory
 /// spills to disk instead of growing the process.
@@ -317,6 +328,7 @@ impl RocksDbStateStoreProvider {
             .ok_or_else(|| backend(id, "the meta column family is missing"))?;
         wb.put_cf(cf, VERSION_KEY, 0u64.to_le_bytes());
         wb.put_cf(cf, NUM_KEYS_KEY, 0u64.to_le_bytes());
+        wb.delete_cf(cf, APPLIED_KEY);
         db.write_opt(wb, &no_wal()).map_err(|e| backend(id, e))
     }
 
@@ -413,6 +425,29 @@ impl RocksDbStateStoreProvider {
         }
     }
 
+    /// Whether the local instance `db`, at version `local`, is what the checkpoint's changelog
+    /// of that version made: it recorded the changelog's checksum when it applied it.
+    fn matches_checkpoint(&self, id: &StoreId, db: &DB, local: u64) -> Result<bool> {
+        use std::io::{Read, Seek, SeekFrom};
+        if local == 0 {
+            // Empty: nothing was applied, so nothing can disagree.
+            return Ok(true);
+        }
+        let cf = db
+            .cf_handle(META_CF)
+            .ok_or_else(|| backend(id, "the meta column family is missing"))?;
+        let Some(applied) = db.get_cf(cf, APPLIED_KEY).map_err(|e| backend(id, e))? else {
+            return Ok(false);
+        };
+        let end = std::fs::File::open(self.changelog(id, local)).and_then(|mut f| {
+            f.seek(SeekFrom::End(-8))?;
+            let mut end = [0u8; 8];
+            f.read_exact(&mut end)?;
+            Ok(end)
+        });
+        Ok(end.is_ok_and(|end| end[..] == applied[..]))
+    }
+
     fn not_found(&self, id: &StoreId, version: u64) -> Error {
         Error::VersionNotFound {
             store: id.to_string(),
@@ -431,11 +466,16 @@ impl RocksDbStateStoreProvider {
                 }
                 Err(e) => return Err(backend(id, format!("{}: {e}", path.display()))),
             };
-            let batch = decode_changelog(&bytes).ok_or_else(|| Error::Corrupt {
+            let (batch, num_keys) = decode_changelog(&bytes).ok_or_else(|| Error::Corrupt {
                 file: path.display().to_string(),
-                problem: crate::error::corrupt_problem(&bytes, b"WEIRCL", b'1'),
+                problem: crate::error::corrupt_problem(&bytes, b"WEIRCL", b'2'),
             })?;
-            write(db, id, &batch, version)?;
+            let applied = trailer(&bytes);
+            match num_keys {
+                Some(n) => write_counted(db, id, &batch, version, n, applied)?,
+                // A version-1 changelog does not say: its keys are looked up.
+                None => write(db, id, &batch, version, applied)?,
+            }
         }
         Ok(())
     }
@@ -470,6 +510,9 @@ fn open_db(path: &Path, shared: &Shared) -> std::result::Result<DB, rocksdb::Err
     opts.set_write_buffer_manager(&shared.memtables);
     opts.set_write_buffer_size(shared.config.write_buffer_bytes);
     opts.set_max_write_buffer_number(2);
+    // SST files (the local instance and the snapshots copied from it) in LZ4: state keys and
+    // values are arrow-row encoded numbers and times, which shrink several times.
+    opts.set_compression_type(rocksdb::DBCompressionType::Lz4);
     // Writes skip the WAL (see `no_wal`): flush the data and the version marker together.
     opts.set_atomic_flush(true);
     // RocksDB's info log notes every flush and snapshot (about 14 KB per snapshot), which over
@@ -523,9 +566,14 @@ fn local_version(db: &DB, id: &StoreId) -> Result<u64> {
 
 /// Applies `batch` and records `version` and the new key count, atomically. `batch` has at most
 /// one operation per key (as [`StateStore::commit`] builds it).
-fn write(db: &DB, id: &StoreId, batch: &WriteBatch, version: u64) -> Result<()> {
+fn write(db: &DB, id: &StoreId, batch: &WriteBatch, version: u64, applied: &[u8]) -> Result<()> {
     let num_keys = count_keys(db, id, batch)?;
-    write_counted(db, id, batch, version, num_keys)
+    write_counted(db, id, batch, version, num_keys, applied)
+}
+
+/// The end of a changelog that [`APPLIED_KEY`] records: its checksum.
+fn trailer(changelog: &[u8]) -> &[u8] {
+    &changelog[changelog.len().saturating_sub(8)..]
 }
 
 /// The store's key count once `batch` is applied to the local instance as it is now.
@@ -550,13 +598,15 @@ fn count_keys(db: &DB, id: &StoreId, batch: &WriteBatch) -> Result<u64> {
     Ok(num_keys)
 }
 
-/// Applies `batch` and records `version` and `num_keys`, atomically.
+/// Applies `batch` and records `version`, `num_keys` and the end of the version's changelog
+/// (`applied`), atomically.
 fn write_counted(
     db: &DB,
     id: &StoreId,
     batch: &WriteBatch,
     version: u64,
     num_keys: u64,
+    applied: &[u8],
 ) -> Result<()> {
     let cf = db
         .cf_handle(META_CF)
@@ -570,6 +620,7 @@ fn write_counted(
     }
     wb.put_cf(cf, VERSION_KEY, version.to_le_bytes());
     wb.put_cf(cf, NUM_KEYS_KEY, num_keys.to_le_bytes());
+    wb.put_cf(cf, APPLIED_KEY, applied);
     db.write_opt(wb, &no_wal()).map_err(|e| backend(id, e))
 }
 
@@ -598,28 +649,53 @@ fn checksum(bytes: &[u8]) -> u64 {
     })
 }
 
-fn encode_changelog(batch: &WriteBatch) -> Vec<u8> {
-    let mut out = CHANGELOG_MAGIC.to_vec();
+/// Changelog `version`'s bytes: `batch`, leaving the store with `num_keys` keys, compressed as
+/// it is encoded (no uncompressed copy of the batch is made).
+fn encode_changelog(batch: &WriteBatch, num_keys: u64) -> std::io::Result<Vec<u8>> {
+    use std::io::Write;
+    let encoder =
+        zstd::stream::write::Encoder::new(CHANGELOG_MAGIC.to_vec(), CHANGELOG_ZSTD_LEVEL)?;
+    let mut w = std::io::BufWriter::with_capacity(1 << 16, encoder);
+    w.write_all(&num_keys.to_le_bytes())?;
     for (k, v) in batch.ops() {
-        out.push(u8::from(v.is_some()));
-        out.extend((k.len() as u32).to_le_bytes());
-        out.extend(k);
+        w.write_all(&[u8::from(v.is_some())])?;
+        w.write_all(&(k.len() as u32).to_le_bytes())?;
+        w.write_all(k)?;
         if let Some(v) = v {
-            out.extend((v.len() as u32).to_le_bytes());
-            out.extend(v);
+            w.write_all(&(v.len() as u32).to_le_bytes())?;
+            w.write_all(v)?;
         }
     }
-    let sum = checksum(&out);
+    let mut out = w.into_inner().map_err(|e| e.into_error())?.finish()?;
+    let sum = crc32fast::hash(&out);
     out.extend(sum.to_le_bytes());
-    out
+    Ok(out)
 }
 
-fn decode_changelog(bytes: &[u8]) -> Option<WriteBatch> {
-    let (body, sum) = bytes.split_at_checked(bytes.len().checked_sub(8)?)?;
-    if checksum(body) != u64::from_le_bytes(sum.try_into().ok()?) {
+/// A changelog's operations and, from version 2 on, the key count after them; `None` when the
+/// file is damaged or truncated.
+fn decode_changelog(bytes: &[u8]) -> Option<(WriteBatch, Option<u64>)> {
+    if bytes.starts_with(CHANGELOG_MAGIC_V1) {
+        let (body, sum) = bytes.split_at_checked(bytes.len().checked_sub(8)?)?;
+        if checksum(body) != u64::from_le_bytes(sum.try_into().ok()?) {
+            return None;
+        }
+        return Some((decode_ops(body.strip_prefix(CHANGELOG_MAGIC_V1)?)?, None));
+    }
+    let (body, sum) = bytes.split_at_checked(bytes.len().checked_sub(4)?)?;
+    if crc32fast::hash(body) != u32::from_le_bytes(sum.try_into().ok()?) {
         return None;
     }
-    let mut rest = body.strip_prefix(CHANGELOG_MAGIC)?;
+    let raw = zstd::stream::decode_all(body.strip_prefix(CHANGELOG_MAGIC)?).ok()?;
+    let (num_keys, ops) = raw.split_at_checked(8)?;
+    Some((
+        decode_ops(ops)?,
+        Some(u64::from_le_bytes(num_keys.try_into().ok()?)),
+    ))
+}
+
+/// A changelog's operations: `[put 1][key length u32][key]([value length u32][value])`...
+fn decode_ops(mut rest: &[u8]) -> Option<WriteBatch> {
     let mut take = |n: usize| -> Option<&[u8]> {
         let (head, tail) = rest.split_at_checked(n)?;
         rest = tail;
@@ -667,7 +743,46 @@ impl StateStoreProvider for RocksDbStateStoreProvider {
         Ok(())
     }
 
+    fn close(&self) -> Result<()> {
+        let ids: Vec<StoreId> = self
+            .uploads
+            .lock()
+            .map_err(|_| Error::Backend {
+                store: "uploads".into(),
+                message: "lock poisoned".into(),
+            })?
+            .uploads
+            .keys()
+            .cloned()
+            .collect();
+        let mut first_error = None;
+        for id in ids {
+            if let Err(e) = finish_upload(&self.uploads, &id) {
+                first_error.get_or_insert(e);
+            }
+        }
+        // Writes skip RocksDB's WAL: flush them so that the next run of the query finds the
+        // instances at their versions rather than replaying the last changelogs, then close
+        // them (the next run of the query in this process opens them again).
+        let open = std::mem::take(&mut *self.open.lock().map_err(|_| Error::Backend {
+            store: "instances".into(),
+            message: "lock poisoned".into(),
+        })?);
+        for (id, db) in open {
+            if let Err(e) = db.flush() {
+                first_error.get_or_insert(backend(&id, e));
+            }
+        }
+        first_error.map_or(Ok(()), Err)
+    }
+
     fn open(&self, id: &StoreId, version: u64) -> Result<Box<dyn StateStore>> {
+        // An instance this provider has not opened yet was left by an earlier run (or is new).
+        let reopened = !self
+            .open
+            .lock()
+            .map_err(|_| backend(id, "lock poisoned"))?
+            .contains_key(id);
         let mut db = self.db(id)?;
         // The version the background is applying is read through its writes, at once.
         let in_flight = self
@@ -692,9 +807,12 @@ impl StateStoreProvider for RocksDbStateStoreProvider {
         } else {
             local_version(&db, id)?
         };
-        if local < version && self.has_changelogs(id, local + 1, version) {
+        // An earlier run's instance is used only if the checkpoint still holds the version it
+        // is at (a checkpoint restored from a copy, or reset, has other changelogs).
+        let diverged = reopened && !self.matches_checkpoint(id, &db, local)?;
+        if !diverged && local < version && self.has_changelogs(id, local + 1, version) {
             self.replay(id, &db, local + 1, version)?;
-        } else if local != version {
+        } else if diverged || local != version {
             // Rebuild: from the newest snapshot the changelogs can bring to `version`, or from
             // nothing. Only what can be rebuilt is cleared.
             db = self.rebuild(id, db, version)?;
@@ -783,8 +901,9 @@ fn persist(
     num_keys: u64,
     memtables: &MemtableBound,
 ) -> Result<()> {
-    write_changelog(id, changelog_dir, version, &encode_changelog(batch))?;
-    write_counted(db, id, batch, version, num_keys)?;
+    let bytes = encode_changelog(batch, num_keys).map_err(|e| backend(id, e))?;
+    write_changelog(id, changelog_dir, version, &bytes)?;
+    write_counted(db, id, batch, version, num_keys, trailer(&bytes))?;
     if memtables.manager.get_usage() > memtables.bytes {
         db.flush().map_err(|e| backend(id, e))?;
     }
@@ -1114,6 +1233,47 @@ mod tests {
         // The local instance ahead of the asked version is rolled back by a rebuild.
         let s1 = p.open(&id, 1).unwrap();
         assert_eq!(s1.multi_get(&[b"k1"]).unwrap(), vec![Some(b"v1".to_vec())]);
+    }
+
+    #[test]
+    fn the_next_run_reuses_the_local_instance_and_rebuilds_a_diverged_one() {
+        let dir = tempfile::tempdir().unwrap();
+        let id = StoreId::new(0, 0, "default");
+        drop_after(provider(&dir, "local"), |p| write_versions(p, &id, 5));
+        // Only the newest changelog is left: a rebuild could not reach version 5, so opening
+        // it works only by reusing the instance the last run left.
+        let store_dir = dir.path().join("checkpoint/0/0/default");
+        for v in 1..5 {
+            std::fs::remove_file(store_dir.join(format!("{v}.changelog"))).unwrap();
+        }
+        drop_after(provider(&dir, "local"), |p| {
+            check_version(p.open(&id, 5).unwrap().as_ref(), 5);
+        });
+        // A checkpoint whose changelog 5 is another one (a copy restored over it, say): the
+        // instance is not trusted, and the rebuild from what the checkpoint has fails loudly
+        // rather than serving the old instance.
+        let mut other = WriteBatch::new();
+        other.put(b"other".to_vec(), b"x".to_vec());
+        write_changelog(&id, &store_dir, 5, &encode_changelog(&other, 1).unwrap()).unwrap();
+        let err = provider(&dir, "local")
+            .open(&id, 5)
+            .map(|_| ())
+            .unwrap_err();
+        assert!(matches!(err, Error::VersionNotFound { .. }), "{err}");
+        // With its changelogs all there, the diverged instance is rebuilt from them.
+        let dir = tempfile::tempdir().unwrap();
+        drop_after(provider(&dir, "local"), |p| write_versions(p, &id, 3));
+        let store_dir = dir.path().join("checkpoint/0/0/default");
+        write_changelog(&id, &store_dir, 3, &encode_changelog(&other, 1).unwrap()).unwrap();
+        let p = provider(&dir, "local");
+        let s = p.open(&id, 3).unwrap();
+        assert_eq!(s.multi_get(&[b"other"]).unwrap(), vec![Some(b"x".to_vec())]);
+        assert_eq!(s.scan(&KeyRange::all()).unwrap().len(), 21);
+    }
+
+    /// Runs `f` on `p`, then drops it as a run's end does.
+    fn drop_after(p: RocksDbStateStoreProvider, f: impl FnOnce(&RocksDbStateStoreProvider)) {
+        f(&p);
     }
 
     #[test]
@@ -1584,10 +1744,70 @@ mod tests {
         b.put(b"a".to_vec(), b"".to_vec());
         b.delete(b"b".to_vec());
         b.put(Vec::new(), b"xyz".to_vec());
-        let bytes = encode_changelog(&b);
-        assert_eq!(decode_changelog(&bytes), Some(b));
+        let bytes = encode_changelog(&b, 7).unwrap();
+        assert!(bytes.starts_with(CHANGELOG_MAGIC));
+        assert_eq!(decode_changelog(&bytes), Some((b, Some(7))));
         for cut in 0..bytes.len() {
             assert_eq!(decode_changelog(&bytes[..cut]), None, "cut at {cut}");
         }
+        let mut garbled = bytes.clone();
+        let mid = garbled.len() / 2;
+        garbled[mid] ^= 0x40;
+        assert_eq!(decode_changelog(&garbled), None);
+    }
+
+    /// A changelog as weir wrote them before version 2 (uncompressed, FNV-1a, no key count).
+    fn encode_v1(batch: &WriteBatch) -> Vec<u8> {
+        let mut out = CHANGELOG_MAGIC_V1.to_vec();
+        for (k, v) in batch.ops() {
+            out.push(u8::from(v.is_some()));
+            out.extend((k.len() as u32).to_le_bytes());
+            out.extend(k);
+            if let Some(v) = v {
+                out.extend((v.len() as u32).to_le_bytes());
+                out.extend(v);
+            }
+        }
+        let sum = checksum(&out);
+        out.extend(sum.to_le_bytes());
+        out
+    }
+
+    #[test]
+    fn version_one_changelogs_are_still_read_and_their_keys_counted() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = provider(&dir, "a");
+        let id = StoreId::new(0, 0, "default");
+        write_versions(&p, &id, 3);
+        // Rewrite the checkpoint's changelogs in the old format and rebuild from them elsewhere.
+        let store_dir = p.store_dir(&id);
+        for v in 1..=3 {
+            let path = store_dir.join(format!("{v}.changelog"));
+            let (batch, _) = decode_changelog(&std::fs::read(&path).unwrap()).unwrap();
+            std::fs::write(&path, encode_v1(&batch)).unwrap();
+        }
+        let elsewhere = provider(&dir, "b");
+        // check_version compares the key count with a scan's.
+        check_version(elsewhere.open(&id, 3).unwrap().as_ref(), 3);
+    }
+
+    #[test]
+    fn changelogs_are_compressed() {
+        // Keys and values like a join's: sequential numbers, repeated headers.
+        let mut b = WriteBatch::new();
+        for i in 0..20_000u64 {
+            let mut v = vec![0u8; 13];
+            v.extend((1_700_000_000_000 + i / 100).to_be_bytes());
+            v.extend(i.to_be_bytes());
+            b.put(i.to_be_bytes().to_vec(), v);
+        }
+        let raw: usize = b
+            .ops()
+            .iter()
+            .map(|(k, v)| 9 + k.len() + v.as_ref().map_or(0, Vec::len))
+            .sum();
+        let bytes = encode_changelog(&b, 20_000).unwrap();
+        assert!(bytes.len() * 4 < raw, "{} bytes for {raw} raw", bytes.len());
+        assert_eq!(decode_changelog(&bytes).unwrap().0, b);
     }
 }
