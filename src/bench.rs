@@ -358,10 +358,10 @@ async fn run_prepared(cfg: &BenchConfig, input: &Input) -> Result<BenchReport> {
                 again.map(|_| started.elapsed().as_secs_f64() * 1000.0).ok()
             }
         };
-        let batches = cfg.warmup + cfg.batches;
-        restart_ms = timed(batches + 1).await;
+        // One batch each (--max-batches counts a run's own batches).
+        restart_ms = timed(1).await;
         remove_local_state(&dir);
-        restart_rebuild_ms = timed(batches + 2).await;
+        restart_rebuild_ms = timed(1).await;
     }
     remove_local_state(&dir);
     let _ = std::fs::remove_dir_all(&dir);

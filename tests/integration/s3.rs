@@ -542,9 +542,8 @@ async fn a_stateful_query_on_an_s3_checkpoint_keeps_its_state_across_kills() {
     assert!(
         names
             .iter()
-            .any(|n| n.starts_with("state/") && n.ends_with(".snapshot"))
-            && names.iter().any(|n| n.contains("/files/")),
-        "and its snapshots with their files: {names:?}"
+            .any(|n| n.starts_with("state/") && n.ends_with(".snapshot")),
+        "and its snapshots (images, which need no other files): {names:?}"
     );
     let batches = names.iter().filter(|n| n.starts_with("commits/")).count() as i64;
     assert!(batches >= 5, "{names:?}");

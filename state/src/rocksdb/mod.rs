@@ -33,9 +33,6 @@ const META_CF: &str = "weir_meta";
 const VERSION_KEY: &[u8] = b"version";
 /// The number of keys at the local instance's version, kept exact by [`write`].
 const NUM_KEYS_KEY: &[u8] = b"num_keys";
-/// A local instance's ID, new for each created or restored instance: it makes the names of
-/// uploaded SST files unique.
-const INSTANCE_KEY: &[u8] = b"instance";
 /// The last 8 bytes (the checksum) of the changelog of the local instance's version: a reused
 /// instance is trusted only when the checkpoint's changelog of its version still ends so.
 const APPLIED_KEY: &[u8] = b"applied";
@@ -232,18 +229,7 @@ impl RocksDbStateStoreProvider {
             return Ok(Arc::clone(db));
         }
         let path = self.local_dir.join(Self::rel(id));
-        let db = open_db(&path, &self.shared).map_err(|e| backend(id, e))?;
-        let cf = db
-            .cf_handle(META_CF)
-            .ok_or_else(|| backend(id, "the meta column family is missing"))?;
-        if db
-            .get_cf(cf, INSTANCE_KEY)
-            .map_err(|e| backend(id, e))?
-            .is_none()
-        {
-            new_instance_id(&db, id)?;
-        }
-        let db = Arc::new(db);
+        let db = Arc::new(open_db(&path, &self.shared).map_err(|e| backend(id, e))?);
         open.insert(id.clone(), Arc::clone(&db));
         Ok(db)
     }
@@ -276,10 +262,11 @@ impl RocksDbStateStoreProvider {
         Ok(())
     }
 
-    /// Makes snapshot `version` the local instance (whose folder is gone): copies its files,
-    /// opens them and reads every entry once, so that a damaged file is found now, while an
-    /// older snapshot can still be used, rather than by a later batch. A failed restore leaves
-    /// no local folder behind.
+    /// Makes snapshot `version` the local instance (whose folder is gone): loads its image (its
+    /// CRC checked as it is read), or for a version-1 snapshot copies its files, opens them and
+    /// reads every entry once, so that a damaged snapshot is found now, while an older one can
+    /// still be used, rather than by a later batch. A failed restore leaves no local folder
+    /// behind.
     fn restore(&self, id: &StoreId, version: u64) -> Result<Arc<DB>> {
         let path = self.local_dir.join(Self::rel(id));
         let restored = self.restore_at(id, version, &path);
@@ -290,26 +277,47 @@ impl RocksDbStateStoreProvider {
     }
 
     fn restore_at(&self, id: &StoreId, version: u64, path: &Path) -> Result<Arc<DB>> {
-        let manifest_file = snapshot::manifest_path(&self.store_dir(id), version)
-            .display()
-            .to_string();
-        let manifest = snapshot::read(&self.store_dir(id), version)?;
-        snapshot::restore(&self.store_dir(id), &manifest, path)?;
-        let db = open_db(path, &self.shared).map_err(|e| Error::Corrupt {
-            file: manifest_file.clone(),
-            problem: format!("lists files RocksDB cannot open ({e})"),
-        })?;
+        let file = snapshot::manifest_path(&self.store_dir(id), version);
+        let damaged = |problem: String| Error::Corrupt {
+            file: file.display().to_string(),
+            problem,
+        };
+        let db = match snapshot::read(&self.store_dir(id), version)? {
+            snapshot::Snapshot::Image(bytes) => {
+                let db = open_db(path, &self.shared).map_err(|e| backend(id, e))?;
+                let sst = path.with_extension("restore.sst");
+                let loaded = snapshot::load_image(&file, &bytes, &db, &sst);
+                let _ = std::fs::remove_file(&sst);
+                let header = loaded?;
+                if header.version != version {
+                    return Err(damaged(format!(
+                        "holds version {} where its name says {version}",
+                        header.version
+                    )));
+                }
+                write_counted(
+                    &db,
+                    id,
+                    &WriteBatch::new(),
+                    version,
+                    header.num_keys,
+                    &header.applied,
+                )?;
+                db
+            }
+            snapshot::Snapshot::Files(manifest) => {
+                snapshot::restore(&self.store_dir(id), &manifest, path)?;
+                let db = open_db(path, &self.shared)
+                    .map_err(|e| damaged(format!("lists files RocksDB cannot open ({e})")))?;
+                verify_all(&db).map_err(|e| damaged(format!("lists a damaged file ({e})")))?;
+                db
+            }
+        };
         if local_version(&db, id)? != version {
-            return Err(Error::Corrupt {
-                file: manifest_file,
-                problem: "restores to another version than its name says".into(),
-            });
+            return Err(damaged(
+                "restores to another version than its name says".into(),
+            ));
         }
-        verify_all(&db).map_err(|e| Error::Corrupt {
-            file: manifest_file,
-            problem: format!("lists a damaged file ({e})"),
-        })?;
-        new_instance_id(&db, id)?;
         let db = Arc::new(db);
         let mut open = self.open.lock().map_err(|_| backend(id, "lock poisoned"))?;
         open.insert(id.clone(), Arc::clone(&db));
@@ -456,7 +464,13 @@ impl RocksDbStateStoreProvider {
         }
     }
 
+    /// Brings the local instance `db` from version `from - 1` to `to` with the checkpoint's
+    /// changelogs. Their writes are merged first (the newest per key), up to
+    /// [`REPLAY_CHUNK_OPS`] at a time, and each merge written at once in key order: a row a
+    /// later version deletes is never inserted, and RocksDB takes one sorted batch instead of
+    /// one per version.
     fn replay(&self, id: &StoreId, db: &DB, from: u64, to: u64) -> Result<()> {
+        let mut merged = Staged::default();
         for version in from..=to {
             let path = self.changelog(id, version);
             let bytes = match std::fs::read(&path) {
@@ -470,16 +484,32 @@ impl RocksDbStateStoreProvider {
                 file: path.display().to_string(),
                 problem: crate::error::corrupt_problem(&bytes, b"WEIRCL", b'2'),
             })?;
-            let applied = trailer(&bytes);
-            match num_keys {
-                Some(n) => write_counted(db, id, &batch, version, n, applied)?,
-                // A version-1 changelog does not say: its keys are looked up.
-                None => write(db, id, &batch, version, applied)?,
+            merged.extend(batch.into_ops());
+            if merged.len() >= REPLAY_CHUNK_OPS || version == to {
+                let mut ops: Vec<_> = std::mem::take(&mut merged).into_iter().collect();
+                ops.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+                let mut batch = WriteBatch::new();
+                for (k, v) in ops {
+                    match v {
+                        Some(v) => batch.put(k, v),
+                        None => batch.delete(k),
+                    }
+                }
+                let applied = trailer(&bytes);
+                match num_keys {
+                    Some(n) => write_counted(db, id, &batch, version, n, applied)?,
+                    // A version-1 changelog does not say: the merged writes' keys are looked
+                    // up in the instance they are applied to.
+                    None => write(db, id, &batch, version, applied)?,
+                }
             }
         }
         Ok(())
     }
 }
+
+/// The most writes [`RocksDbStateStoreProvider::replay`] merges before writing them.
+const REPLAY_CHUNK_OPS: usize = 2_000_000;
 
 /// Reads every entry of every column family of `db` once, checking RocksDB's block checksums.
 fn verify_all(db: &DB) -> std::result::Result<(), rocksdb::Error> {
@@ -542,22 +572,6 @@ fn meta_u64(db: &DB, id: &StoreId, key: &[u8]) -> Result<u64> {
             .map(u64::from_le_bytes)
             .map_err(|_| backend(id, "the local instance's metadata is damaged")),
     }
-}
-
-/// Gives the instance a new ID (see [`INSTANCE_KEY`]).
-fn new_instance_id(db: &DB, id: &StoreId) -> Result<()> {
-    static COUNTER: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_nanos())
-        .unwrap_or_default();
-    let n = COUNTER.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    let instance = format!("{nanos:x}{:x}{n:x}", std::process::id());
-    let cf = db
-        .cf_handle(META_CF)
-        .ok_or_else(|| backend(id, "the meta column family is missing"))?;
-    db.put_cf(cf, INSTANCE_KEY, instance.as_bytes())
-        .map_err(|e| backend(id, e))
 }
 
 fn local_version(db: &DB, id: &StoreId) -> Result<u64> {
@@ -1271,9 +1285,10 @@ mod tests {
         assert_eq!(s.scan(&KeyRange::all()).unwrap().len(), 21);
     }
 
-    /// Runs `f` on `p`, then drops it as a run's end does.
+    /// Runs `f` on `p`, then closes it as a run's end does.
     fn drop_after(p: RocksDbStateStoreProvider, f: impl FnOnce(&RocksDbStateStoreProvider)) {
         f(&p);
+        p.close().unwrap();
     }
 
     #[test]
@@ -1316,7 +1331,12 @@ mod tests {
     /// Version v holds keys 0..v*10 with value v for the keys written at v, and key "gone"
     /// deleted at version 7.
     fn write_versions(p: &RocksDbStateStoreProvider, id: &StoreId, versions: u64) {
-        for v in 0..versions {
+        write_versions_from(p, id, 0, versions);
+    }
+
+    /// Commits versions `from + 1..=to`.
+    fn write_versions_from(p: &RocksDbStateStoreProvider, id: &StoreId, from: u64, to: u64) {
+        for v in from..to {
             write_version(p, id, v);
         }
     }
@@ -1586,19 +1606,11 @@ mod tests {
         write_versions(&p, &id, 23);
         let store_dir = dir.path().join("checkpoint/0/1/default");
         assert_eq!(snapshot::list(&store_dir), vec![5, 10, 15, 20]);
-        // A snapshot uploads only the SST files the previous ones do not have.
-        let files = || std::fs::read_dir(store_dir.join("files")).unwrap().count();
-        let before = files();
-
         // Keep what versions >= 17 need: snapshot 15 and changelogs 16.., and snapshot 10 and
         // changelogs 11.. to fall back on if snapshot 15 is damaged; nothing older.
         p.purge_below(&id, 17).unwrap();
         assert_eq!(snapshot::list(&store_dir), vec![10, 15, 20]);
         assert!(!p.changelog(&id, 10).exists() && p.changelog(&id, 11).exists());
-        assert!(
-            files() < before,
-            "files only older snapshots listed are removed"
-        );
 
         // Another machine rebuilds 23 from snapshot 20, 17 from snapshot 15; 7 is gone.
         let q = with_snapshots(&dir, "local-b", 5);
@@ -1608,8 +1620,7 @@ mod tests {
         assert_eq!(err.error_class(), "STATE_STORE_VERSION_NOT_FOUND", "{err}");
         assert!(err.to_string().contains("snapshots 10, 15, 20"), "{err}");
 
-        // A restored instance goes on committing and snapshotting under a new ID: its files
-        // never overwrite the ones the first instance uploaded.
+        // A restored instance goes on committing and snapshotting.
         write_version(&q, &id, 19);
         check_version(q.open(&id, 20).unwrap().as_ref(), 20);
         let r = with_snapshots(&dir, "local-c", 5);
@@ -1649,7 +1660,7 @@ mod tests {
     }
 
     #[test]
-    fn a_damaged_file_of_the_newest_snapshot_is_found_at_restore_and_an_older_one_used() {
+    fn a_damaged_newest_snapshot_is_found_at_restore_and_an_older_one_used() {
         let dir = tempfile::tempdir().unwrap();
         let id = StoreId::new(0, 0, "default");
         let p = with_snapshots(&dir, "local-a", 5);
@@ -1657,32 +1668,116 @@ mod tests {
         drop(p);
         let store_dir = dir.path().join("checkpoint/0/0/default");
         assert_eq!(snapshot::list(&store_dir), vec![5, 10]);
-        // Every SST file snapshot 10 lists that snapshot 5 does not, one byte flipped in its
-        // middle (where the data blocks are, under RocksDB's checksums).
-        let listed = |v: u64| -> Vec<String> {
-            snapshot::read(&store_dir, v)
-                .unwrap()
-                .files
-                .into_iter()
-                .filter(|f| f.name.ends_with(".sst"))
-                .map(|f| f.stored)
-                .collect()
-        };
-        let older = listed(5);
-        let newer: Vec<String> = listed(10)
-            .into_iter()
-            .filter(|f| !older.contains(f))
-            .collect();
-        assert!(!newer.is_empty());
-        for f in &newer {
-            let path = store_dir.join("files").join(f);
-            let mut bytes = std::fs::read(&path).unwrap();
-            let at = bytes.len() / 4;
-            bytes[at] ^= 0x10;
-            std::fs::write(&path, bytes).unwrap();
-        }
+        // One byte flipped in the middle of image 10 (inside its compressed entries).
+        let path = snapshot::manifest_path(&store_dir, 10);
+        let mut bytes = std::fs::read(&path).unwrap();
+        let at = bytes.len() / 2;
+        bytes[at] ^= 0x10;
+        std::fs::write(&path, bytes).unwrap();
         let q = with_snapshots(&dir, "local-b", 5);
         check_version(q.open(&id, 12).unwrap().as_ref(), 12);
+    }
+
+    #[test]
+    fn an_image_holds_only_live_entries_and_restores_them_with_the_key_count() {
+        let dir = tempfile::tempdir().unwrap();
+        let id = StoreId::new(0, 0, "default");
+        let p = with_snapshots(&dir, "local-a", 5);
+        // Version 5: 40 keys written over five versions, "gone" put at 4 and all of version 1's
+        // keys deleted at 5.
+        write_versions(&p, &id, 4);
+        let mut s = p.open(&id, 4).unwrap();
+        let mut b = WriteBatch::new();
+        for i in 0..10u64 {
+            b.delete(i.to_be_bytes().to_vec());
+        }
+        s.apply(b).unwrap();
+        s.commit().unwrap();
+        drop(s);
+        drop(p);
+        let store_dir = dir.path().join("checkpoint/0/0/default");
+        let snapshot::Snapshot::Image(bytes) = snapshot::read(&store_dir, 5).unwrap() else {
+            panic!("snapshots are written as images");
+        };
+        assert!(bytes.starts_with(b"WEIRSN2\n"));
+        // Restored elsewhere from the image and no changelog before it.
+        for v in 1..5 {
+            std::fs::remove_file(store_dir.join(format!("{v}.changelog"))).unwrap();
+        }
+        let q = with_snapshots(&dir, "local-b", 5);
+        let s = q.open(&id, 5).unwrap();
+        let all = s.scan(&KeyRange::all()).unwrap();
+        assert_eq!(all.len(), 31, "30 keys of versions 2-4 and 'gone'");
+        assert!(
+            all.iter()
+                .all(|(k, _)| k.as_slice() >= 10u64.to_be_bytes().as_slice())
+        );
+        assert_eq!(s.metrics().num_keys, 31);
+        // The restored instance records the end of changelog 5 as the image did: the next run
+        // reuses it, with the image gone too.
+        drop(s);
+        q.close().unwrap();
+        drop(q);
+        std::fs::remove_file(snapshot::manifest_path(&store_dir, 5)).unwrap();
+        let r = with_snapshots(&dir, "local-b", 5);
+        assert_eq!(r.open(&id, 5).unwrap().scan(&KeyRange::all()).unwrap(), all);
+    }
+
+    /// Writes snapshot `version` of `db` as weir did before images: its SST and RocksDB files
+    /// copied into `files/` and a manifest listing them.
+    fn write_files_snapshot(db: &DB, db_path: &Path, store_dir: &Path, version: u64) {
+        let staged = db_path.with_extension("v1");
+        rocksdb::checkpoint::Checkpoint::new(db)
+            .unwrap()
+            .create_checkpoint(&staged)
+            .unwrap();
+        let files_dir = store_dir.join(snapshot::FILES);
+        std::fs::create_dir_all(&files_dir).unwrap();
+        let mut files = vec![];
+        for entry in std::fs::read_dir(&staged).unwrap() {
+            let entry = entry.unwrap();
+            let name = entry.file_name().to_string_lossy().to_string();
+            let stored = format!("{version}-{name}");
+            let size = std::fs::copy(entry.path(), files_dir.join(&stored)).unwrap();
+            files.push(snapshot::SnapshotFile { name, stored, size });
+        }
+        let manifest = snapshot::Manifest { version, files };
+        std::fs::write(
+            snapshot::manifest_path(store_dir, version),
+            snapshot::encode(&manifest),
+        )
+        .unwrap();
+        std::fs::remove_dir_all(staged).unwrap();
+    }
+
+    #[test]
+    fn version_one_snapshots_of_sst_files_still_restore_and_purge() {
+        let dir = tempfile::tempdir().unwrap();
+        let id = StoreId::new(0, 0, "default");
+        // No snapshots of its own: version 8's is the only one.
+        let p = configured(&dir, "local-a", 0, false);
+        write_versions(&p, &id, 8);
+        let store_dir = dir.path().join("checkpoint/0/0/default");
+        let db = p.db(&id).unwrap();
+        db.flush().unwrap();
+        write_files_snapshot(&db, &dir.path().join("local-a/0/0/default"), &store_dir, 8);
+        drop(db);
+        write_versions_from(&p, &id, 8, 10);
+        drop(p);
+        for v in 1..=8 {
+            std::fs::remove_file(store_dir.join(format!("{v}.changelog"))).unwrap();
+        }
+        let q = provider(&dir, "local-b");
+        check_version(q.open(&id, 10).unwrap().as_ref(), 10);
+        // Its files go once two newer snapshots (images) are kept.
+        let q = with_snapshots(&dir, "local-c", 5);
+        write_versions_from(&q, &id, 10, 21);
+        q.purge_below(&id, 21).unwrap();
+        assert_eq!(snapshot::list(&store_dir), vec![15, 20]);
+        let left = std::fs::read_dir(store_dir.join(snapshot::FILES))
+            .unwrap()
+            .count();
+        assert_eq!(left, 0, "no image needs version 1's files");
     }
 
     #[test]
