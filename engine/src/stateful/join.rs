@@ -326,7 +326,8 @@ struct Lists {
 }
 
 impl Lists {
-    /// Reads the lists of `keys` not read yet (one `multi_get`).
+    /// Reads the lists of `keys` not read yet (one `multi_get`). A key without a list is not
+    /// remembered: reading it again (a later phase of the batch) asks the store again.
     fn load(&mut self, store: &dyn StateStore, keys: &[&[u8]], name: &str) -> Result<()> {
         let missing: Vec<&[u8]> = keys
             .iter()
@@ -336,17 +337,17 @@ impl Lists {
             .into_iter()
             .collect();
         let values = store.multi_get(&missing).map_err(state_error)?;
-        self.lists.reserve(missing.len());
+        // Only the keys that have a list: a key without one gets it when a row is stored
+        // under it (most of a batch's keys are new, or the other side's).
         for (k, v) in missing.into_iter().zip(values) {
-            let list = match v {
-                Some(v) => List {
+            if let Some(v) = v {
+                let list = List {
                     entries: decode_list(&v).ok_or_else(|| corrupt(name))?,
                     existed: true,
                     dirty: false,
-                },
-                None => List::default(),
-            };
-            self.lists.insert(k.to_vec(), list);
+                };
+                self.lists.insert(k.to_vec(), list);
+            }
         }
         Ok(())
     }

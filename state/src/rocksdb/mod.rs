@@ -508,6 +508,9 @@ impl RocksDbStateStoreProvider {
     }
 }
 
+/// Keys per RocksDB MultiGet call (see [`RocksDbStateStore::multi_get`]).
+const MULTI_GET_CHUNK: usize = 4096;
+
 /// The most writes [`RocksDbStateStoreProvider::replay`] merges before writing them.
 const REPLAY_CHUNK_OPS: usize = 2_000_000;
 
@@ -597,14 +600,16 @@ fn count_keys(db: &DB, id: &StoreId, batch: &WriteBatch) -> Result<u64> {
         // The writer counted.
         Some(d) => num_keys = num_keys.saturating_add_signed(d),
         None => {
-            // One batched lookup tells which keys exist, so the count stays exact.
-            let existed = db.multi_get(batch.ops().iter().map(|(k, _)| k));
-            for ((_, op), existed) in batch.ops().iter().zip(existed) {
-                let existed = existed.map_err(|e| backend(id, e))?.is_some();
-                match (op.is_some(), existed) {
-                    (true, false) => num_keys += 1,
-                    (false, true) => num_keys = num_keys.saturating_sub(1),
-                    _ => {}
+            // Batched lookups tell which keys exist, so the count stays exact.
+            for ops in batch.ops().chunks(MULTI_GET_CHUNK) {
+                let existed = db.multi_get(ops.iter().map(|(k, _)| k));
+                for ((_, op), existed) in ops.iter().zip(existed) {
+                    let existed = existed.map_err(|e| backend(id, e))?.is_some();
+                    match (op.is_some(), existed) {
+                        (true, false) => num_keys += 1,
+                        (false, true) => num_keys = num_keys.saturating_sub(1),
+                        _ => {}
+                    }
                 }
             }
         }
@@ -990,11 +995,16 @@ impl StateStore for RocksDbStateStore {
             .db
             .cf_handle("default")
             .ok_or_else(|| backend(&self.id, "the default column family is missing"))?;
-        let found = self
-            .db
-            .batched_multi_get_cf(&cf, from_db.iter().map(|&i| keys[i]), true);
-        for (&i, v) in from_db.iter().zip(found) {
-            out[i] = v.map_err(|e| backend(&self.id, e))?.map(|v| v.to_vec());
+        // In chunks: RocksDB's MultiGet allocates its per-key contexts for the whole call
+        // (about a kilobyte a key), which for a batch's hundreds of thousands of keys was most
+        // of a join's peak memory (issue 21).
+        for chunk in from_db.chunks(MULTI_GET_CHUNK) {
+            let found = self
+                .db
+                .batched_multi_get_cf(&cf, chunk.iter().map(|&i| keys[i]), true);
+            for (&i, v) in chunk.iter().zip(found) {
+                out[i] = v.map_err(|e| backend(&self.id, e))?.map(|v| v.to_vec());
+            }
         }
         Ok(out)
     }
