@@ -19,7 +19,7 @@ use weir::{
 /// The CLI allocates with mimalloc: stateful operators allocate a key and a value per state
 /// row, where glibc's allocator spends its time consolidating and unlinking chunks (embedding
 /// programs choose their own allocator).
-#[cfg(not(feature = "system-allocator"))]
+#[cfg(feature = "mimalloc")]
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
