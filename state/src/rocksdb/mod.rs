@@ -1295,6 +1295,13 @@ mod tests {
         assert_eq!(s.scan(&KeyRange::all()).unwrap().len(), 21);
     }
 
+    /// Flips the bits of byte `at` of the file at `path`.
+    fn flip_byte(path: &Path, at: usize) {
+        let mut bytes = std::fs::read(path).unwrap();
+        bytes[at] ^= 0xff;
+        std::fs::write(path, bytes).unwrap();
+    }
+
     /// Runs `f` on `p`, then closes it as a run's end does.
     fn drop_after(p: RocksDbStateStoreProvider, f: impl FnOnce(&RocksDbStateStoreProvider)) {
         f(&p);
@@ -1638,12 +1645,7 @@ mod tests {
 
         // A damaged snapshot is not used: the store is rebuilt from the one before it and the
         // changelogs after that; with every kept snapshot damaged, the first is reported.
-        let damage = |v: u64| {
-            let path = snapshot::manifest_path(&store_dir, v);
-            let mut bytes = std::fs::read(&path).unwrap();
-            bytes[10] ^= 0xff;
-            std::fs::write(&path, bytes).unwrap();
-        };
+        let damage = |v: u64| flip_byte(&snapshot::manifest_path(&store_dir, v), 10);
         damage(20);
         check_version(
             with_snapshots(&dir, "local-d", 5)
@@ -1680,10 +1682,7 @@ mod tests {
         assert_eq!(snapshot::list(&store_dir), vec![5, 10]);
         // One byte flipped in the middle of image 10 (inside its compressed entries).
         let path = snapshot::manifest_path(&store_dir, 10);
-        let mut bytes = std::fs::read(&path).unwrap();
-        let at = bytes.len() / 2;
-        bytes[at] ^= 0x10;
-        std::fs::write(&path, bytes).unwrap();
+        flip_byte(&path, std::fs::metadata(&path).unwrap().len() as usize / 2);
         let q = with_snapshots(&dir, "local-b", 5);
         check_version(q.open(&id, 12).unwrap().as_ref(), 12);
     }
