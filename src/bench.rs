@@ -381,11 +381,16 @@ pub(crate) fn reset_peak_rss() {
 
 /// The resident set's peak since the last reset, bytes.
 pub(crate) fn peak_rss() -> u64 {
+    proc_status_bytes("VmHWM:")
+}
+
+/// A size line of `/proc/self/status` (`VmRSS:`, `VmHWM:`), bytes; 0 where there is none.
+pub fn proc_status_bytes(field: &str) -> u64 {
     std::fs::read_to_string("/proc/self/status")
         .ok()
         .and_then(|s| {
             s.lines()
-                .find_map(|l| l.strip_prefix("VmHWM:"))
+                .find_map(|l| l.strip_prefix(field))
                 .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
         })
         .map_or(0, |kb| kb * 1024)

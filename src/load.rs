@@ -24,14 +24,7 @@ pub struct LoadConfig {
 const ROWS_PER_SECOND: u64 = 1000;
 
 fn rss_bytes() -> u64 {
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find_map(|l| l.strip_prefix("VmRSS:"))
-                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
-        })
-        .map_or(0, |kb| kb * 1024)
+    weir::bench::proc_status_bytes("VmRSS:")
 }
 
 fn percentile(sorted: &[f64], p: f64) -> f64 {

@@ -142,10 +142,8 @@ pub(crate) enum Instances {
 /// share a query ID but not a location. An `owner` file names the location; folders whose local
 /// checkpoint folder is gone are removed here, as are the per-run folders of runs that died.
 pub(crate) fn kept_instances_dir(query_id: uuid::Uuid, location: &str) -> PathBuf {
-    let hash = location.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
-        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
-    });
-    let name = format!("weir-state-{query_id}-at-{hash:016x}");
+    let hash = weir_common::sealed::checksum(location);
+    let name = format!("weir-state-{query_id}-at-{hash}");
     let run_prefix = format!("weir-state-{query_id}-");
     for entry in std::fs::read_dir(std::env::temp_dir())
         .into_iter()

@@ -486,15 +486,7 @@ impl RocksDbStateStoreProvider {
             })?;
             merged.extend(batch.into_ops());
             if merged.len() >= REPLAY_CHUNK_OPS || version == to {
-                let mut ops: Vec<_> = std::mem::take(&mut merged).into_iter().collect();
-                ops.sort_unstable_by(|a, b| a.0.cmp(&b.0));
-                let mut batch = WriteBatch::new();
-                for (k, v) in ops {
-                    match v {
-                        Some(v) => batch.put(k, v),
-                        None => batch.delete(k),
-                    }
-                }
+                let batch = sorted_batch(std::mem::take(&mut merged));
                 let applied = trailer(&bytes);
                 match num_keys {
                     Some(n) => write_counted(db, id, &batch, version, n, applied)?,
@@ -506,6 +498,20 @@ impl RocksDbStateStoreProvider {
         }
         Ok(())
     }
+}
+
+/// `writes` as a batch in key order: RocksDB's memtable takes sorted inserts much faster.
+fn sorted_batch(writes: Staged) -> WriteBatch {
+    let mut ops: Vec<(Vec<u8>, Option<Vec<u8>>)> = writes.into_iter().collect();
+    ops.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+    let mut batch = WriteBatch::new();
+    for (k, v) in ops {
+        match v {
+            Some(v) => batch.put(k, v),
+            None => batch.delete(k),
+        }
+    }
+    batch
 }
 
 /// Keys per RocksDB MultiGet call (see [`RocksDbStateStore::multi_get`]).
@@ -543,8 +549,8 @@ fn open_db(path: &Path, shared: &Shared) -> std::result::Result<DB, rocksdb::Err
     opts.set_write_buffer_manager(&shared.memtables);
     opts.set_write_buffer_size(shared.config.write_buffer_bytes);
     opts.set_max_write_buffer_number(2);
-    // SST files (the local instance and the snapshots copied from it) in LZ4: state keys and
-    // values are arrow-row encoded numbers and times, which shrink several times.
+    // The local instance's SST files in LZ4: state keys and values are arrow-row encoded
+    // numbers and times, which shrink several times.
     opts.set_compression_type(rocksdb::DBCompressionType::Lz4);
     // Writes skip the WAL (see `no_wal`): flush the data and the version marker together.
     opts.set_atomic_flush(true);
@@ -1073,17 +1079,7 @@ impl StateStore for RocksDbStateStore {
 
     fn commit(&mut self) -> Result<u64> {
         let next = self.version + 1;
-        let mut batch = WriteBatch::new();
-        // In key order: RocksDB's memtable takes sorted inserts much faster.
-        let mut ops: Vec<(Vec<u8>, Option<Vec<u8>>)> =
-            std::mem::take(&mut self.staged).into_iter().collect();
-        ops.sort_unstable_by(|a, b| a.0.cmp(&b.0));
-        for (k, v) in ops {
-            match v {
-                Some(v) => batch.put(k, v),
-                None => batch.delete(k),
-            }
-        }
+        let mut batch = sorted_batch(std::mem::take(&mut self.staged));
         if let Some(d) = self.key_delta.replace(0) {
             batch = batch.with_key_delta(d);
         } else {
