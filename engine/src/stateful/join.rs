@@ -6,11 +6,13 @@
 //! right input ─┘
 //! partition p: new left rows L, new right rows R (late rows dropped by the watermark)
 //!   output  L ⋈ (stored right ∪ R)  ∪  stored left ⋈ R, then the rest of the condition
-//!   store   L and R: "<side>" key = join key, value = the list of its rows (batch and row
-//!           number, matched flag, event time, row), read for all the batch's keys with one
-//!           multi_get; "<side>-times" = event time ++ batch -> the (join key, row) of that
-//!           batch's rows at that time: an index for eviction by range, one entry per
-//!           distinct event time rather than per row; and the side's row count
+//!   store   L and R: "<side>-rows" [1] ++ join key ++ batch and row number -> matched flag
+//!           ++ row, one entry per row (storing a row costs the same however many its key
+//!           has), and [0] ++ join key -> its row count, read for all the batch's keys with
+//!           one multi_get so that only keys with rows are scanned for them;
+//!           "<side>-times" = event time ++ batch -> the (join key, row) of that batch's
+//!           rows at that time: an index for eviction by range, one entry per distinct
+//!           event time rather than per row; and the side's row count
 //!   evict   left rows with time <= watermark - upper, right rows with time <= watermark +
 //!           lower (no future row of the other side can match them); an outer join emits the
 //!           evicted rows of its outer side that never matched, padded with nulls
@@ -38,9 +40,10 @@ use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
 use datafusion::physical_plan::{
     DisplayAs, DisplayFormatType, ExecutionPlan, Partitioning, PhysicalExpr, PlanProperties,
 };
+use std::ops::Bound;
 use weir_planner::join::TimeBound;
-use weir_state::StateStore;
 use weir_state::table::{TIME_PREFIX, ValueChanges, time_key_with, times_up_to};
+use weir_state::{KeyRange, StateStore};
 
 use super::kind::{OperatorKind, Placement, StateFormat, sort_fields};
 use super::operator::{Processed, RowsInState, ShuffleKey, StatefulExec, StatefulOperator, Step};
@@ -210,7 +213,7 @@ impl StreamJoinExec {
             operator_id: id,
             operator_name: OperatorKind::StreamStreamJoin.name().into(),
             num_partitions: partitions,
-            store_names: ["left", "left-times", "right", "right-times"]
+            store_names: ["left-rows", "left-times", "right-rows", "right-times"]
                 .map(String::from)
                 .to_vec(),
             key_schema,
@@ -265,106 +268,165 @@ struct SideRows {
     dropped: u64,
 }
 
-/// A stored row: its identity within its join key's list, and its parts.
-#[derive(Clone)]
-struct Entry {
-    /// Batch and row that stored it: unique within the store.
-    suffix: [u8; 12],
-    matched: bool,
-    time: i64,
-    row: Vec<u8>,
+/// A side store's key of a join key's row count: `[0][join key]`.
+const COUNT_TAG: u8 = 0;
+/// A side store's key of one stored row: `[1][join key][suffix]`.
+const ROW_TAG: u8 = 1;
+/// A stored row's identity within its join key: the batch and row number that stored it.
+const SUFFIX_LEN: usize = 12;
+
+/// The side store's key of `key`'s row count.
+fn count_key(key: &[u8]) -> Vec<u8> {
+    let mut k = Vec::with_capacity(1 + key.len());
+    k.push(COUNT_TAG);
+    k.extend_from_slice(key);
+    k
 }
 
-/// A join key's stored rows: `[suffix 12][matched 1][time 8][length 4][row]...`.
-fn decode_list(v: &[u8]) -> Option<Vec<Entry>> {
-    let mut rest = v;
-    let mut out = vec![];
-    while !rest.is_empty() {
-        let (suffix, r) = rest.split_at_checked(12)?;
-        let (&flag, r) = r.split_first()?;
-        let (time, r) = r.split_at_checked(8)?;
-        let (len, r) = r.split_at_checked(4)?;
-        let len = u32::from_be_bytes(len.try_into().ok()?) as usize;
-        let (row, r) = r.split_at_checked(len)?;
-        out.push(Entry {
-            suffix: suffix.try_into().ok()?,
-            matched: flag == 1,
-            time: i64::from_be_bytes(time.try_into().ok()?),
-            row: row.to_vec(),
-        });
-        rest = r;
-    }
-    Some(out)
+/// The side store's key of the row `suffix` of join key `key`.
+fn row_key(key: &[u8], suffix: &[u8; SUFFIX_LEN]) -> Vec<u8> {
+    let mut k = Vec::with_capacity(1 + key.len() + SUFFIX_LEN);
+    k.push(ROW_TAG);
+    k.extend_from_slice(key);
+    k.extend_from_slice(suffix);
+    k
 }
 
-fn encode_list(entries: &[Entry]) -> Vec<u8> {
-    let mut v = Vec::with_capacity(entries.iter().map(|e| 25 + e.row.len()).sum());
-    for e in entries {
-        v.extend(e.suffix);
-        v.push(u8::from(e.matched));
-        v.extend(e.time.to_be_bytes());
-        v.extend((e.row.len() as u32).to_be_bytes());
-        v.extend(&e.row);
+/// The side store's keys of `key`'s rows. Arrow-row join keys are prefix-free (each column's
+/// encoding says where it ends), so no other join key's rows fall in this range.
+fn rows_of(key: &[u8]) -> KeyRange {
+    let start = [&[ROW_TAG][..], key].concat();
+    let end = [&start[..], &[0xFF; SUFFIX_LEN + 1][..]].concat();
+    KeyRange {
+        start: Bound::Included(start),
+        end: Bound::Excluded(end),
     }
+}
+
+/// A stored row's value: `[matched 1][row]`.
+fn row_value(matched: bool, row: &[u8]) -> Vec<u8> {
+    let mut v = Vec::with_capacity(1 + row.len());
+    v.push(u8::from(matched));
+    v.extend_from_slice(row);
     v
 }
 
-/// A join key's stored rows as this batch read and changed them.
-#[derive(Default)]
-struct List {
-    entries: Vec<Entry>,
-    /// Whether the key had a list when read.
-    existed: bool,
+/// A stored row of a join key, as a batch read it.
+struct Entry {
+    suffix: [u8; SUFFIX_LEN],
+    /// The value as stored: `[matched 1][row]`.
+    value: Vec<u8>,
+}
+
+impl Entry {
+    /// The row stored under `row_key` (of a join key `key_len` bytes long); `None` when damaged.
+    fn decode(key_len: usize, row_key: &[u8], value: Vec<u8>) -> Option<Self> {
+        let suffix = row_key.get(1 + key_len..)?.try_into().ok()?;
+        (!value.is_empty()).then_some(Self { suffix, value })
+    }
+
+    fn matched(&self) -> bool {
+        self.value[0] == 1
+    }
+
+    fn row(&self) -> &[u8] {
+        &self.value[1..]
+    }
+}
+
+/// A join key's row count as a batch read and changed it.
+#[derive(Default, Clone, Copy)]
+struct KeyCount {
+    rows: u64,
+    /// Whether the store had it when read.
+    stored: bool,
     /// Whether this batch changed it.
     dirty: bool,
 }
 
-/// One side's stored lists that this batch read or changed, by join key.
+/// One side's state as a batch reads and changes it: the row counts of the join keys it
+/// touched, and the stored rows of the keys the other side's new rows meet. Rows themselves
+/// are written (and removed) one by one, so storing a row costs the same whether its key has
+/// one row or a million.
 #[derive(Default)]
-struct Lists {
-    lists: HashMap<Vec<u8>, List>,
+struct SideState {
+    /// Only keys that have rows, or had when read: a key without any is read again when asked
+    /// (most of a batch's keys are new, or the other side's).
+    counts: HashMap<Vec<u8>, KeyCount>,
+    rows: HashMap<Vec<u8>, Vec<Entry>>,
 }
 
-impl Lists {
-    /// Reads the lists of `keys` not read yet (one `multi_get`). A key without a list is not
-    /// remembered: reading it again (a later phase of the batch) asks the store again.
-    fn load(&mut self, store: &dyn StateStore, keys: &[&[u8]], name: &str) -> Result<()> {
+impl SideState {
+    /// Reads the row counts of `keys` not read yet (one `multi_get`).
+    fn load_counts(&mut self, store: &dyn StateStore, keys: &[&[u8]], name: &str) -> Result<()> {
         let missing: Vec<&[u8]> = keys
             .iter()
             .copied()
-            .filter(|k| !self.lists.contains_key(*k))
+            .filter(|k| !self.counts.contains_key(*k))
             .collect::<HashSet<_>>()
             .into_iter()
             .collect();
-        let values = store.multi_get(&missing).map_err(state_error)?;
-        // Only the keys that have a list: a key without one gets it when a row is stored
-        // under it (most of a batch's keys are new, or the other side's).
+        let count_keys: Vec<Vec<u8>> = missing.iter().map(|k| count_key(k)).collect();
+        let refs: Vec<&[u8]> = count_keys.iter().map(Vec::as_slice).collect();
+        let values = store.multi_get(&refs).map_err(state_error)?;
         for (k, v) in missing.into_iter().zip(values) {
             if let Some(v) = v {
-                let list = List {
-                    entries: decode_list(&v).ok_or_else(|| corrupt(name))?,
-                    existed: true,
+                let rows = u64::from_be_bytes(v.as_slice().try_into().map_err(|_| corrupt(name))?);
+                let count = KeyCount {
+                    rows,
+                    stored: true,
                     dirty: false,
                 };
-                self.lists.insert(k.to_vec(), list);
+                self.counts.insert(k.to_vec(), count);
             }
         }
         Ok(())
     }
 
-    /// The stored rows of `key` (none when it has no list or was not read).
-    fn entries(&self, key: &[u8]) -> &[Entry] {
-        self.lists.get(key).map_or(&[], |l| &l.entries)
+    /// Rows stored under `key` (as counted; 0 when it was not read).
+    fn count(&self, key: &[u8]) -> u64 {
+        self.counts.get(key).map_or(0, |c| c.rows)
     }
 
-    /// The changed lists: written, or removed when they emptied.
-    fn changes(&self) -> ValueChanges {
+    /// Changes `key`'s row count by `delta`.
+    fn add(&mut self, key: &[u8], delta: i64) {
+        let c = self.counts.entry_ref(key).or_default();
+        c.rows = c.rows.saturating_add_signed(delta);
+        c.dirty = true;
+    }
+
+    /// Reads the stored rows of `keys` not read yet, one range scan per key that has rows
+    /// (their counts read before).
+    fn load_rows(&mut self, store: &dyn StateStore, keys: &[&[u8]], name: &str) -> Result<()> {
+        for &key in keys {
+            if self.count(key) == 0 || self.rows.contains_key(key) {
+                continue;
+            }
+            let entries = store
+                .scan(&rows_of(key))
+                .map_err(state_error)?
+                .into_iter()
+                .map(|(k, v)| Entry::decode(key.len(), &k, v))
+                .collect::<Option<Vec<_>>>()
+                .ok_or_else(|| corrupt(name))?;
+            self.rows.insert(key.to_vec(), entries);
+        }
+        Ok(())
+    }
+
+    /// The stored rows of `key` (none when it has none or they were not read).
+    fn entries(&self, key: &[u8]) -> &[Entry] {
+        self.rows.get(key).map_or(&[], Vec::as_slice)
+    }
+
+    /// The changed counts: written, or removed when they reached 0.
+    fn count_changes(&self) -> ValueChanges {
         let mut changes = ValueChanges::new();
-        for (k, l) in self.lists.iter().filter(|(_, l)| l.dirty) {
-            if !l.entries.is_empty() {
-                changes.put(k.clone(), encode_list(&l.entries), l.existed);
-            } else if l.existed {
-                changes.remove(k.clone());
+        for (k, c) in self.counts.iter().filter(|(_, c)| c.dirty) {
+            if c.rows > 0 {
+                changes.put(count_key(k), c.rows.to_be_bytes().to_vec(), c.stored);
+            } else if c.stored {
+                changes.remove(count_key(k));
             }
         }
         changes
@@ -372,7 +434,7 @@ impl Lists {
 }
 
 /// The stored rows of one side that a batch's new rows meet, flattened: `rows[i]` is (join key,
-/// position in its list).
+/// position among its stored rows).
 #[derive(Default)]
 struct StoredRefs<'a> {
     rows: Vec<(&'a [u8], usize)>,
@@ -381,8 +443,8 @@ struct StoredRefs<'a> {
 
 impl<'a> StoredRefs<'a> {
     /// The flat indices of `key`'s stored rows (added on first use).
-    fn of(&mut self, lists: &Lists, key: &'a [u8]) -> std::ops::Range<usize> {
-        let n = lists.entries(key).len();
+    fn of(&mut self, state: &SideState, key: &'a [u8]) -> std::ops::Range<usize> {
+        let n = state.entries(key).len();
         let rows = &mut self.rows;
         let base = *self.first.entry(key).or_insert_with(|| {
             let b = rows.len();
@@ -394,8 +456,8 @@ impl<'a> StoredRefs<'a> {
 }
 
 /// A stored row's identity: the batch and row number that stored it.
-fn suffix(batch: u64, row: u32) -> [u8; 12] {
-    let mut s = [0u8; 12];
+fn suffix(batch: u64, row: u32) -> [u8; SUFFIX_LEN] {
+    let mut s = [0u8; SUFFIX_LEN];
     s[..8].copy_from_slice(&batch.to_be_bytes());
     s[8..].copy_from_slice(&row.to_be_bytes());
     s
@@ -436,20 +498,30 @@ pub(crate) mod stored {
     /// A store's entries, by key.
     pub(crate) type Entries = BTreeMap<Vec<u8>, Vec<u8>>;
 
-    /// Whether `store` is a side's event-time index (`"<side>-times"`) rather than its rows.
+    /// Whether `store` is a side's event-time index (`"<side>-times"`) rather than its rows
+    /// (`"<side>-rows"`).
     pub(crate) fn is_index(store: &str) -> bool {
         store.ends_with("-times")
     }
 
-    /// The rows a side store keeps under one join key, each the side's columns as an arrow
-    /// row; `None` when the value is damaged.
-    pub(crate) fn side_rows(value: &[u8]) -> Option<Vec<Vec<u8>>> {
-        Some(
-            super::decode_list(value)?
-                .into_iter()
-                .map(|e| e.row)
-                .collect(),
-        )
+    /// The join key of a side store's entry (a key's row count, or one of its rows); `None`
+    /// when the key is damaged.
+    pub(crate) fn join_key(entry_key: &[u8]) -> Option<&[u8]> {
+        match entry_key.split_first()? {
+            (&super::COUNT_TAG, key) => Some(key),
+            (&super::ROW_TAG, rest) => rest.get(..rest.len().checked_sub(super::SUFFIX_LEN)?),
+            _ => None,
+        }
+    }
+
+    /// A side store's entry as (join key, the side's columns as an arrow row): one for a row,
+    /// none for a key's row count; `None` when damaged.
+    pub(crate) fn side_row(entry_key: &[u8], value: &[u8]) -> Option<Vec<(Vec<u8>, Vec<u8>)>> {
+        let key = join_key(entry_key)?;
+        if entry_key[0] == super::COUNT_TAG {
+            return Some(vec![]);
+        }
+        Some(vec![(key.to_vec(), value.get(1..)?.to_vec())])
     }
 
     /// Splits a side's event-time index, read from every old partition, among new ones: each
@@ -591,16 +663,21 @@ impl StreamJoin {
         let left_rows = RowConverter::new(sort_fields(&left_schema))?;
         let right_rows = RowConverter::new(sort_fields(&right_schema))?;
 
-        // Every key of the batch, on both sides: one multi_get per store.
+        // Every key of the batch, on both sides: their row counts, one multi_get per store;
+        // then the stored rows the other side's new rows meet, one range scan per key that
+        // has any.
         let keys: Vec<&[u8]> = l
             .keys
             .iter()
             .chain(r.keys.iter())
             .map(|k| k.data())
             .collect();
-        let (mut left_lists, mut right_lists) = (Lists::default(), Lists::default());
-        left_lists.load(ls.as_ref(), &keys, "left")?;
-        right_lists.load(rs.as_ref(), &keys, "right")?;
+        let (left_keys, right_keys) = keys.split_at(l.keys.num_rows());
+        let (mut left_state, mut right_state) = (SideState::default(), SideState::default());
+        left_state.load_counts(ls.as_ref(), &keys, "left")?;
+        right_state.load_counts(rs.as_ref(), &keys, "right")?;
+        left_state.load_rows(ls.as_ref(), right_keys, "left")?;
+        right_state.load_rows(rs.as_ref(), left_keys, "right")?;
 
         let Matched {
             joined,
@@ -610,51 +687,55 @@ impl StreamJoin {
             old_left_matched,
             old_right,
             old_right_matched,
-        } = self.match_rows(&l, &r, &left_lists, &right_lists, &left_rows, &right_rows)?;
+        } = self.match_rows(&l, &r, &left_state, &right_state, &left_rows, &right_rows)?;
         let schema = Arc::clone(&self.plan.schema);
         let mut outputs = vec![joined];
 
-        // Only an outer side's flags are ever read: an inner side's lists are not rewritten
-        // for them.
-        let old_left: Vec<(Vec<u8>, usize)> = old_left
-            .into_iter()
-            .filter(|_| self.left.outer)
-            .map(|(k, p)| (k.to_vec(), p))
-            .collect();
-        let old_right: Vec<(Vec<u8>, usize)> = old_right
-            .into_iter()
-            .filter(|_| self.right.outer)
-            .map(|(k, p)| (k.to_vec(), p))
-            .collect();
-        for (lists, old, matched) in [
-            (&mut left_lists, &old_left, &old_left_matched),
-            (&mut right_lists, &old_right, &old_right_matched),
+        // Stored rows of an outer side that matched for the first time: their flag is
+        // rewritten (an inner side's flags are never read).
+        for (side, state, store, old, matched) in [
+            (
+                &self.left,
+                &left_state,
+                &mut *ls,
+                &old_left,
+                &old_left_matched,
+            ),
+            (
+                &self.right,
+                &right_state,
+                &mut *rs,
+                &old_right,
+                &old_right_matched,
+            ),
         ] {
-            for ((k, p), m) in old.iter().zip(matched) {
-                if let Some(list) = lists.lists.get_mut(k)
-                    && let Some(e) = list.entries.get_mut(*p)
-                    && *m
-                    && !e.matched
-                {
-                    e.matched = true;
-                    list.dirty = true;
+            if !side.outer {
+                continue;
+            }
+            let mut flags = ValueChanges::new();
+            for ((k, p), _) in old.iter().zip(matched).filter(|(_, m)| **m) {
+                let e = &state.entries(k)[*p];
+                if !e.matched() {
+                    flags.put(row_key(k, &e.suffix), row_value(true, e.row()), true);
                 }
             }
+            flags.apply_to(&mut **store).map_err(state_error)?;
         }
 
-        // New rows into their key's list and the event-time index. A row without an event
-        // time never meets the time range: where the side evicts, it is not kept (an outer
-        // side emits it now if it matched nothing).
+        // New rows under their join key and into the event-time index. A row without an
+        // event time never meets the time range: where the side evicts, it is not kept (an
+        // outer side emits it now if it matched nothing).
         let mut updated = 0u64;
         let mut left_count = RowCount::read(lt.as_ref(), "left-times")?;
         let mut right_count = RowCount::read(rt.as_ref(), "right-times")?;
-        for (side, rows, conv, matched, lists, time_store, counts) in [
+        for (side, rows, conv, matched, state, store, time_store, counts) in [
             (
                 &self.left,
                 &l,
                 &left_rows,
                 &new_left_matched,
-                &mut left_lists,
+                &mut left_state,
+                &mut *ls,
                 &mut *lt,
                 &mut left_count,
             ),
@@ -663,7 +744,8 @@ impl StreamJoin {
                 &r,
                 &right_rows,
                 &new_right_matched,
-                &mut right_lists,
+                &mut right_state,
+                &mut *rs,
                 &mut *rt,
                 &mut right_count,
             ),
@@ -673,8 +755,8 @@ impl StreamJoin {
                 rows,
                 conv,
                 matched,
-                lists,
-                &mut **time_store,
+                state,
+                (&mut **store, &mut **time_store),
                 counts,
                 batch,
             )?;
@@ -688,11 +770,11 @@ impl StreamJoin {
         let removing = Instant::now();
         let mut removed = 0u64;
         let wm_us = wm.eviction_ms.saturating_mul(1000);
-        for (side, store, lists, time_store, conv, schema, counts) in [
+        for (side, store, state, time_store, conv, schema, counts) in [
             (
                 &self.left,
-                &ls,
-                &mut left_lists,
+                &mut *ls,
+                &mut left_state,
                 &mut *lt,
                 &left_rows,
                 &left_schema,
@@ -700,8 +782,8 @@ impl StreamJoin {
             ),
             (
                 &self.right,
-                &rs,
-                &mut right_lists,
+                &mut *rs,
+                &mut right_state,
                 &mut *rt,
                 &right_rows,
                 &right_schema,
@@ -710,9 +792,8 @@ impl StreamJoin {
         ] {
             let (gone, unmatched) = self.evict_side(
                 side,
-                store.as_ref(),
-                lists,
-                &mut **time_store,
+                (&mut **store, &mut **time_store),
+                state,
                 conv,
                 schema,
                 counts,
@@ -728,14 +809,12 @@ impl StreamJoin {
                 .apply_to(&mut **time_store)
                 .map_err(state_error)?;
         }
-        left_lists
-            .changes()
-            .apply_to(&mut **ls)
-            .map_err(state_error)?;
-        right_lists
-            .changes()
-            .apply_to(&mut **rs)
-            .map_err(state_error)?;
+        for (store, state) in [(&mut *ls, &left_state), (&mut *rs, &right_state)] {
+            state
+                .count_changes()
+                .apply_to(&mut **store)
+                .map_err(state_error)?;
+        }
         let removals = removing.elapsed();
 
         Ok(Processed {
@@ -751,14 +830,14 @@ impl StreamJoin {
     }
 
     /// Matches the batch's new rows of each side with the other side's new and stored rows
-    /// (`left_lists`, `right_lists`: the stored lists of the batch's keys), keeps the pairs the
+    /// (`left_state`, `right_state`: the stored rows of the batch's keys), keeps the pairs the
     /// rest of the condition passes, and says which rows matched.
     fn match_rows<'a>(
         &self,
         l: &'a SideRows,
         r: &'a SideRows,
-        left_lists: &Lists,
-        right_lists: &Lists,
+        left_state: &SideState,
+        right_state: &SideState,
         left_rows: &RowConverter,
         right_rows: &RowConverter,
     ) -> Result<Matched<'a>> {
@@ -773,20 +852,20 @@ impl StreamJoin {
         let mut pairs: Vec<((usize, usize), (usize, usize))> = vec![];
         for (i, k) in l.keys.iter().enumerate() {
             let k = k.data();
-            pairs.extend(old_right.of(right_lists, k).map(|p| ((0, i), (1, p))));
+            pairs.extend(old_right.of(right_state, k).map(|p| ((0, i), (1, p))));
             for &j in r_by_key.get(k).into_iter().flatten() {
                 pairs.push(((0, i), (0, j)));
             }
         }
         for (j, k) in r.keys.iter().enumerate() {
-            pairs.extend(old_left.of(left_lists, k.data()).map(|p| ((1, p), (0, j))));
+            pairs.extend(old_left.of(left_state, k.data()).map(|p| ((1, p), (0, j))));
         }
         let (old_left, old_right) = (old_left.rows, old_right.rows);
         let stored_left = decode(
             left_rows,
             old_left
                 .iter()
-                .map(|(k, p)| left_lists.entries(k)[*p].row.as_slice())
+                .map(|(k, p)| left_state.entries(k)[*p].row())
                 .collect(),
             &left_schema,
         )?;
@@ -794,7 +873,7 @@ impl StreamJoin {
             right_rows,
             old_right
                 .iter()
-                .map(|(k, p)| right_lists.entries(k)[*p].row.as_slice())
+                .map(|(k, p)| right_state.entries(k)[*p].row())
                 .collect(),
             &right_schema,
         )?;
@@ -859,13 +938,13 @@ impl StreamJoin {
         })
     }
 
-    /// Adds a side's new rows to their join key's list and to the side's event-time index (one
-    /// entry per distinct time). A row without an event time never meets the time range: where
-    /// the side evicts, it is not kept, and an outer side emits it now if it matched nothing
-    /// (returned, null-padded). Returns how many rows it stored.
+    /// Stores a side's new rows under their join keys and adds them to the side's event-time
+    /// index (one entry per distinct time). A row without an event time never meets the time
+    /// range: where the side evicts, it is not kept, and an outer side emits it now if it
+    /// matched nothing (returned, null-padded). Returns how many rows it stored.
     #[expect(
         clippy::too_many_arguments,
-        reason = "one side's rows, flags, lists, index and count, as the step holds them"
+        reason = "one side's rows, flags, state, stores and count, as the step holds them"
     )]
     fn store_new_rows(
         &self,
@@ -873,8 +952,8 @@ impl StreamJoin {
         rows: &SideRows,
         conv: &RowConverter,
         matched: &[bool],
-        lists: &mut Lists,
-        time_store: &mut dyn StateStore,
+        state: &mut SideState,
+        (store, time_store): (&mut dyn StateStore, &mut dyn StateStore),
         counts: &mut RowCount,
         batch: u64,
     ) -> Result<(u64, Option<RecordBatch>)> {
@@ -883,6 +962,7 @@ impl StreamJoin {
         // The index groups the batch's rows by event time: one entry per distinct time.
         let mut by_time: HashMap<i64, Vec<u8>> = HashMap::new();
         let mut timeless = vec![];
+        let mut new_rows = ValueChanges::new();
         for (i, k) in rows.keys.iter().enumerate() {
             let untimed = rows.times.as_ref().is_some_and(|t| t.is_null(i));
             if untimed && side.evict_after_us.is_some() {
@@ -897,17 +977,17 @@ impl StreamJoin {
                 .filter(|t| t.is_valid(i))
                 .map_or(i64::MIN, |t| t.value(i));
             push_index_row(by_time.entry(time).or_default(), k.data(), i as u32);
-            let list = lists.lists.entry_ref(k.data()).or_default();
-            list.entries.push(Entry {
-                suffix: suffix(batch, i as u32),
-                matched: matched[i],
-                time,
-                row: encoded.row(i).as_ref().to_vec(),
-            });
-            list.dirty = true;
+            new_rows.put(
+                row_key(k.data(), &suffix(batch, i as u32)),
+                row_value(matched[i], encoded.row(i).as_ref()),
+                false,
+            );
+            state.add(k.data(), 1);
             updated += 1;
             counts.rows += 1;
         }
+        drop(encoded);
+        new_rows.apply_to(store).map_err(state_error)?;
         // This batch's index keys are new (the batch ID is in them).
         let mut index = ValueChanges::new();
         for (time, rows) in by_time {
@@ -929,21 +1009,19 @@ impl StreamJoin {
     /// evicted rows that never matched (returned, null-padded). Returns how many it removed.
     #[expect(
         clippy::too_many_arguments,
-        reason = "one side's stores, lists, decoding and count, as the step holds them"
+        reason = "one side's stores, state, decoding and count, as the step holds them"
     )]
     fn evict_side(
         &self,
         side: &Side,
-        store: &dyn StateStore,
-        lists: &mut Lists,
-        time_store: &mut dyn StateStore,
+        (store, time_store): (&mut dyn StateStore, &mut dyn StateStore),
+        state: &mut SideState,
         conv: &RowConverter,
         schema: &SchemaRef,
         counts: &mut RowCount,
         run: &StateRun,
         wm_us: i64,
     ) -> Result<(u64, Option<RecordBatch>)> {
-        let mut removed = 0u64;
         let Some(after) = side.evict_after_us else {
             return Ok((0, None));
         };
@@ -961,7 +1039,7 @@ impl StreamJoin {
         if expired.is_empty() {
             return Ok((0, None));
         }
-        let mut by_key: HashMap<&[u8], Vec<[u8; 12]>> = HashMap::new();
+        let mut gone: Vec<(&[u8], Vec<u8>)> = vec![];
         for (tk, rows) in &expired {
             let batch = tk
                 .get(TIME_PREFIX..)
@@ -969,34 +1047,42 @@ impl StreamJoin {
                 .map(u64::from_be_bytes)
                 .ok_or_else(|| corrupt(side.name))?;
             for (key, row) in decode_index(rows).ok_or_else(|| corrupt(side.name))? {
-                by_key.entry(key).or_default().push(suffix(batch, row));
-                counts.rows -= 1;
-                removed += 1;
+                gone.push((key, row_key(key, &suffix(batch, row))));
             }
         }
-        let keys: Vec<&[u8]> = by_key.keys().copied().collect();
-        lists.load(store, &keys, side.name)?;
-        let mut unmatched: Vec<Vec<u8>> = vec![];
-        for (key, mut suffixes) in by_key {
-            let Some(list) = lists.lists.get_mut(key) else {
-                continue;
-            };
-            suffixes.sort_unstable();
-            list.entries.retain(|e| {
-                let gone = suffixes.binary_search(&e.suffix).is_ok();
-                if gone && !e.matched && side.outer {
-                    unmatched.push(e.row.clone());
+        let removed = gone.len() as u64;
+        counts.rows -= removed as i64;
+        // An outer side reads the rows it evicts (as this batch left them: new rows and
+        // flags included) for those that never matched.
+        let unmatched = if side.outer {
+            let keys: Vec<&[u8]> = gone.iter().map(|(_, rk)| rk.as_slice()).collect();
+            let mut unmatched: Vec<Vec<u8>> = vec![];
+            for v in store.multi_get(&keys).map_err(state_error)? {
+                let v = v
+                    .filter(|v| !v.is_empty())
+                    .ok_or_else(|| corrupt(side.name))?;
+                if v[0] != 1 {
+                    unmatched.push(v);
                 }
-                !gone
-            });
-            list.dirty = true;
-        }
-        let unmatched = if unmatched.is_empty() {
-            None
+            }
+            if unmatched.is_empty() {
+                None
+            } else {
+                let rows = unmatched.iter().map(|v| &v[1..]).collect();
+                let batch = decode(conv, rows, schema)?;
+                Some(self.null_padded(side.name == "left", &batch)?)
+            }
         } else {
-            let batch = decode(conv, unmatched.iter().map(Vec::as_slice).collect(), schema)?;
-            Some(self.null_padded(side.name == "left", &batch)?)
+            None
         };
+        let keys: Vec<&[u8]> = gone.iter().map(|(k, _)| *k).collect();
+        state.load_counts(store, &keys, side.name)?;
+        let mut removals = ValueChanges::new();
+        for (key, rk) in gone {
+            state.add(key, -1);
+            removals.remove(rk);
+        }
+        removals.apply_to(store).map_err(state_error)?;
         let mut index = ValueChanges::new();
         for (tk, _) in expired {
             index.remove(tk);
@@ -1031,11 +1117,12 @@ pub(crate) struct JoinFormat;
 
 impl StateFormat for JoinFormat {
     fn readable(&self, store: &str) -> bool {
-        matches!(store, "left" | "right")
+        matches!(store, "left-rows" | "right-rows")
     }
 
     fn read_fields(&self, op: &OperatorInfo, store: &str) -> arrow::datatypes::Fields {
-        let prefix = format!("{store}.");
+        let side = store.strip_suffix("-rows").unwrap_or(store);
+        let prefix = format!("{side}.");
         op.value_schema
             .fields()
             .iter()
@@ -1047,19 +1134,14 @@ impl StateFormat for JoinFormat {
     }
 
     fn read_entries(&self, key: &[u8], value: &[u8]) -> Option<Vec<(Vec<u8>, Vec<u8>)>> {
-        Some(
-            stored::side_rows(value)?
-                .into_iter()
-                .map(|row| (key.to_vec(), row))
-                .collect(),
-        )
+        stored::side_row(key, value)
     }
 
     fn placement(&self, store: &str) -> Placement {
         if stored::is_index(store) {
             Placement::JoinIndex
         } else {
-            Placement::ByKey
+            Placement::JoinRows
         }
     }
 }
@@ -1239,15 +1321,19 @@ mod tests {
             .chain(r.keys.iter())
             .map(|k| k.data())
             .collect();
-        let (mut left_lists, mut right_lists) = (Lists::default(), Lists::default());
-        left_lists.load(stores[0].as_ref(), &keys, "left").unwrap();
-        right_lists
-            .load(stores[2].as_ref(), &keys, "right")
-            .unwrap();
+        let (left_keys, right_keys) = keys.split_at(l.keys.num_rows());
+        let (mut left_state, mut right_state) = (SideState::default(), SideState::default());
+        for (state, store, probes) in [
+            (&mut left_state, &stores[0], right_keys),
+            (&mut right_state, &stores[2], left_keys),
+        ] {
+            state.load_counts(store.as_ref(), &keys, "side").unwrap();
+            state.load_rows(store.as_ref(), probes, "side").unwrap();
+        }
         let left_rows = RowConverter::new(sort_fields(&op.left.input.schema())).unwrap();
         let right_rows = RowConverter::new(sort_fields(&op.right.input.schema())).unwrap();
         let m = op
-            .match_rows(&l, &r, &left_lists, &right_lists, &left_rows, &right_rows)
+            .match_rows(&l, &r, &left_state, &right_state, &left_rows, &right_rows)
             .unwrap();
         assert_eq!(pairs(op, &m.joined), ["a:3-10", "b:2-20"]);
         assert_eq!(m.new_left_matched, [true, false]);
@@ -1255,6 +1341,50 @@ mod tests {
         // Each stored row the new rows meet is decoded once, and says whether it matched.
         assert_eq!((m.old_left.len(), m.old_left_matched), (1, vec![true]));
         assert_eq!((m.old_right.len(), m.old_right_matched), (1, vec![true]));
+    }
+
+    #[tokio::test]
+    async fn a_keys_rows_are_stored_one_entry_each_and_all_found_by_the_other_sides_rows() {
+        let mut h = harness("JOIN").await;
+        let many: Vec<(&str, Option<i64>, i64)> = (0..50).map(|v| ("a", Some(1), v)).collect();
+        h.step::<StreamJoin>(&[("lefts", events(&many))], watermark(0, 0))
+            .await;
+        let second = h
+            .step::<StreamJoin>(
+                &[
+                    ("lefts", events(&[("a", Some(1), 50)])),
+                    (
+                        "rights",
+                        events(&[("a", Some(1), 100), ("b", Some(1), 101)]),
+                    ),
+                ],
+                watermark(0, 0),
+            )
+            .await;
+        let planned = h.phases::<StreamJoin>(&[], watermark(0, 0)).await;
+        let op = planned.operator::<StreamJoin>();
+        let mut expected: Vec<String> = (0..51).map(|v| format!("a:{v}-100")).collect();
+        expected.sort();
+        assert_eq!(pairs(op, &second.output), expected);
+        let stores = h.stores(op);
+        // 51 rows and one count on the left: a new row under a key adds one entry rather than
+        // rewriting the key's rows.
+        assert_eq!(stores[0].metrics().num_keys, 52);
+        let entries = stores[0].scan(&KeyRange::all()).unwrap();
+        let rows: Vec<_> = entries
+            .iter()
+            .flat_map(|(k, v)| stored::side_row(k, v).unwrap())
+            .collect();
+        assert_eq!(rows.len(), 51);
+        let counts: Vec<_> = entries.iter().filter(|(k, _)| k[0] == COUNT_TAG).collect();
+        assert_eq!(counts.len(), 1);
+        assert_eq!(counts[0].1, 51u64.to_be_bytes());
+        assert_eq!(
+            stored::join_key(counts[0].0.as_slice()),
+            Some(rows[0].0.as_slice())
+        );
+        // Two right rows, one count each.
+        assert_eq!(stores[2].metrics().num_keys, 4);
     }
 
     #[tokio::test]

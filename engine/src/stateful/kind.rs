@@ -104,6 +104,9 @@ pub(crate) enum Placement {
     /// Each entry lists rows of many join keys: the join's event-time index, whose entries are
     /// split ([`super::join_state::split_index`]).
     JoinIndex,
+    /// A join side's rows and row counts: each entry goes where its join key
+    /// ([`super::join_state::join_key`]) goes.
+    JoinRows,
     /// Every partition keeps the same entries (AUTO CDC's truncate floor): each key goes to every
     /// partition with the highest value any partition had.
     EveryPartition,
@@ -201,9 +204,9 @@ mod tests {
         assert_eq!(f.placement("truncated"), Placement::EveryPartition);
         assert_eq!(f.placement("tombstones-by-time"), Placement::ByKeyAfterTime);
         let f = OperatorKind::StreamStreamJoin.format();
-        assert!(f.readable("left") && f.readable("right") && !f.readable("left-times"));
+        assert!(f.readable("left-rows") && f.readable("right-rows") && !f.readable("left-times"));
         assert_eq!(f.placement("right-times"), Placement::JoinIndex);
-        assert_eq!(f.placement("right"), Placement::ByKey);
+        assert_eq!(f.placement("right-rows"), Placement::JoinRows);
     }
 
     #[test]

@@ -387,7 +387,12 @@ fn rewrite(
                 let keys: Vec<&[u8]> = entries
                     .iter()
                     .map(|(k, _)| {
-                        k.get(skip..).ok_or_else(|| {
+                        let key = match placement {
+                            // A join side's entry goes by its join key.
+                            Placement::JoinRows => join_state::join_key(k),
+                            _ => k.get(skip..),
+                        };
+                        key.ok_or_else(|| {
                             Error::Internal(format!("a key of store {store} is too short"))
                         })
                     })

@@ -400,7 +400,7 @@ impl StateTable {
                     "STDS_CONFLICT_OPTIONS",
                     "42613",
                     "read_state takes joinSide or storeName, not both: joinSide => 'left' \
-                     reads the join's store 'left'.",
+                     reads the join's store 'left-rows'.",
                 )));
             }
             (Some(side), None) if !join => {
@@ -411,7 +411,7 @@ impl StateTable {
                 )));
             }
             (Some(side), None) => match side.to_ascii_lowercase().as_str() {
-                s @ ("left" | "right") => Some(s.to_string()),
+                s @ ("left" | "right") => Some(format!("{s}-rows")),
                 _ => {
                     return Err(invalid(format!(
                         "joinSide must be 'left' or 'right', not '{side}'."
@@ -421,7 +421,7 @@ impl StateTable {
             (None, store) => store,
         };
         // An operator's first store holds its state ("default", a session window's
-        // "sessions", a join's "left"); the others are indexes.
+        // "sessions", a join's "left-rows"); the others are indexes.
         let store = store
             .or_else(|| op.store_names.first().cloned())
             .unwrap_or_default();
