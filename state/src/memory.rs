@@ -123,12 +123,14 @@ impl StateStore for MemoryStateStore {
         Ok(keys.iter().map(|k| self.state.get(*k).cloned()).collect())
     }
 
-    fn scan(&self, range: &KeyRange) -> Result<Vec<(Vec<u8>, Vec<u8>)>> {
-        Ok(self
+    fn scan_each(&self, range: &KeyRange, visit: &mut dyn FnMut(&[u8], &[u8])) -> Result<()> {
+        for (k, v) in self
             .state
             .range::<Vec<u8>, _>((range.start.clone(), range.end.clone()))
-            .map(|(k, v)| (k.clone(), v.clone()))
-            .collect())
+        {
+            visit(k, v);
+        }
+        Ok(())
     }
 
     fn apply(&mut self, batch: WriteBatch) -> Result<()> {

@@ -160,7 +160,16 @@ pub trait StateStore: Send {
     fn multi_get(&self, keys: &[&[u8]]) -> Result<Vec<Option<Vec<u8>>>>;
 
     /// Every key-value pair in `range`, in key order, including writes applied since opening.
-    fn scan(&self, range: &KeyRange) -> Result<Vec<(Vec<u8>, Vec<u8>)>>;
+    fn scan(&self, range: &KeyRange) -> Result<Vec<(Vec<u8>, Vec<u8>)>> {
+        let mut out = vec![];
+        self.scan_each(range, &mut |k, v| out.push((k.to_vec(), v.to_vec())))?;
+        Ok(out)
+    }
+
+    /// Calls `visit` with every key-value pair in `range`, in key order, including writes
+    /// applied since opening, without collecting them: a caller that keeps a few entries of
+    /// many reads them without copying the rest.
+    fn scan_each(&self, range: &KeyRange, visit: &mut dyn FnMut(&[u8], &[u8])) -> Result<()>;
 
     /// Stages a micro-batch's changes; they become durable only with [`StateStore::commit`].
     fn apply(&mut self, batch: WriteBatch) -> Result<()>;

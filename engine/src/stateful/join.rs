@@ -346,24 +346,33 @@ impl SideState {
         if wanted.is_empty() || stored <= 0 {
             return Ok(state);
         }
-        let mut add = |k: &[u8], v: Vec<u8>, key: &[u8]| -> Result<()> {
-            let entry = Entry::decode(k, v).ok_or_else(|| corrupt(name))?;
-            state.rows.entry_ref(key).or_default().push(entry);
-            Ok(())
+        let mut damaged = false;
+        // Keeps an entry of `key`; false when it is damaged.
+        let mut keep = |k: &[u8], v: &[u8], key: &[u8]| match Entry::decode(k, v.to_vec()) {
+            Some(entry) => {
+                state.rows.entry_ref(key).or_default().push(entry);
+                true
+            }
+            None => false,
         };
         if stored as usize <= wanted.len().saturating_mul(WHOLE_SCAN_ROWS_PER_KEY) {
-            for (k, v) in store.scan(&KeyRange::all()).map_err(state_error)? {
-                let key = stored::join_key(&k).ok_or_else(|| corrupt(name))?;
-                if wanted.contains(key) {
-                    add(&k, v, key)?;
-                }
-            }
+            // Only the wanted keys' entries are copied.
+            store
+                .scan_each(&KeyRange::all(), &mut |k, v| match stored::join_key(k) {
+                    Some(key) if wanted.contains(key) => damaged |= !keep(k, v, key),
+                    Some(_) => {}
+                    None => damaged = true,
+                })
+                .map_err(state_error)?;
         } else {
             for key in wanted {
-                for (k, v) in store.scan(&rows_of(key)).map_err(state_error)? {
-                    add(&k, v, key)?;
-                }
+                store
+                    .scan_each(&rows_of(key), &mut |k, v| damaged |= !keep(k, v, key))
+                    .map_err(state_error)?;
             }
+        }
+        if damaged {
+            return Err(corrupt(name));
         }
         Ok(state)
     }

@@ -1015,7 +1015,7 @@ impl StateStore for RocksDbStateStore {
         Ok(out)
     }
 
-    fn scan(&self, range: &KeyRange) -> Result<Vec<(Vec<u8>, Vec<u8>)>> {
+    fn scan_each(&self, range: &KeyRange, visit: &mut dyn FnMut(&[u8], &[u8])) -> Result<()> {
         let mut ro = ReadOptions::default();
         if let std::ops::Bound::Included(s) | std::ops::Bound::Excluded(s) = &range.start {
             ro.set_iterate_lower_bound(s.clone());
@@ -1025,7 +1025,6 @@ impl StateStore for RocksDbStateStore {
         }
         // The instance's keys and the staged writes in the range, both in key order: merged in
         // one pass.
-        let mut out = Vec::new();
         let mut in_range: Vec<(&Vec<u8>, &Option<Vec<u8>>)> = self
             .staged
             .iter()
@@ -1037,31 +1036,34 @@ impl StateStore for RocksDbStateStore {
             in_range = merge_sorted(in_range, overlay.range(range));
         }
         let mut staged = in_range.into_iter().peekable();
-        for item in self.db.iterator_opt(IteratorMode::Start, ro) {
-            let (k, v) = item.map_err(|e| backend(&self.id, e))?;
-            if range.past_end(&k) {
+        // A raw iterator lends each entry: nothing is copied that `visit` does not keep.
+        let mut it = self.db.raw_iterator_opt(ro);
+        it.seek_to_first();
+        while let (Some(k), Some(v)) = (it.key(), it.value()) {
+            if range.past_end(k) {
                 break;
             }
-            if !range.contains(&k) {
-                continue;
-            }
-            while let Some((sk, sv)) = staged.next_if(|(sk, _)| sk.as_slice() < &*k) {
-                if let Some(sv) = sv {
-                    out.push((sk.clone(), sv.clone()));
+            if range.contains(k) {
+                while let Some((sk, sv)) = staged.next_if(|(sk, _)| sk.as_slice() < k) {
+                    if let Some(sv) = sv {
+                        visit(sk, sv);
+                    }
+                }
+                match staged.next_if(|(sk, _)| sk.as_slice() == k) {
+                    Some((_, Some(sv))) => visit(k, sv),
+                    Some((_, None)) => {}
+                    None => visit(k, v),
                 }
             }
-            match staged.next_if(|(sk, _)| sk.as_slice() == &*k) {
-                Some((_, Some(sv))) => out.push((k.into_vec(), sv.clone())),
-                Some((_, None)) => {}
-                None => out.push((k.into_vec(), v.into_vec())),
-            }
+            it.next();
         }
+        it.status().map_err(|e| backend(&self.id, e))?;
         for (sk, sv) in staged {
             if let Some(sv) = sv {
-                out.push((sk.clone(), sv.clone()));
+                visit(sk, sv);
             }
         }
-        Ok(out)
+        Ok(())
     }
 
     fn apply(&mut self, batch: WriteBatch) -> Result<()> {
