@@ -19,6 +19,7 @@
 //! - [`window`]: the `window()` time-window function.
 //! - [`session_window`]: `session_window()`, session windows of a streaming aggregation.
 //! - [`top_n`]: top-N per key (`row_number() ... <= N`) over a stream.
+//! - [`to_char`]: DataFusion's `to_char` with the format parsed once per batch.
 
 pub mod analysis;
 pub mod auto_cdc;
@@ -32,6 +33,7 @@ pub mod sink_table;
 pub mod statement;
 mod stream_scan;
 mod table;
+pub mod to_char;
 pub mod top_n;
 pub mod watermark;
 pub mod window;

@@ -167,6 +167,7 @@ impl WeirSession {
             );
             let ctx = SessionContext::new_with_state(state);
             ctx.register_udf(weir_planner::window::window_udf());
+            ctx.register_udf(weir_planner::to_char::to_char_udf());
             let live_states = Arc::new(crate::tools::state_reader::LiveStates::default());
             ctx.register_udtf(
                 "read_state_metadata",
