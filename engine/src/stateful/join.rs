@@ -268,6 +268,13 @@ struct SideRows {
     dropped: u64,
 }
 
+impl SideRows {
+    /// The encoded join key of each row.
+    fn key_bytes(&self) -> Vec<&[u8]> {
+        self.keys.iter().map(|k| k.data()).collect()
+    }
+}
+
 /// A stored row's identity within its join key: the batch and row number that stored it.
 const SUFFIX_LEN: usize = 12;
 
@@ -297,29 +304,32 @@ fn row_value(matched: bool, row: &[u8]) -> Vec<u8> {
     v
 }
 
+/// A stored row's value as (matched, row); `None` when damaged.
+fn value_parts(value: &[u8]) -> Option<(bool, &[u8])> {
+    let (&flag, row) = value.split_first()?;
+    Some((flag == 1, row))
+}
+
 /// A stored row of a join key, as a batch read it.
 struct Entry {
     suffix: [u8; SUFFIX_LEN],
-    /// The value as stored: `[matched 1][row]`.
-    value: Vec<u8>,
+    matched: bool,
+    row: Vec<u8>,
 }
 
 impl Entry {
-    /// The row stored under `row_key`; `None` when damaged.
-    fn decode(row_key: &[u8], value: Vec<u8>) -> Option<Self> {
+    /// The row stored under `row_key` with `value`; `None` when damaged.
+    fn decode(row_key: &[u8], value: &[u8]) -> Option<Self> {
         let suffix = row_key
             .get(row_key.len().checked_sub(SUFFIX_LEN)?..)?
             .try_into()
             .ok()?;
-        (!value.is_empty()).then_some(Self { suffix, value })
-    }
-
-    fn matched(&self) -> bool {
-        self.value[0] == 1
-    }
-
-    fn row(&self) -> &[u8] {
-        &self.value[1..]
+        let (matched, row) = value_parts(value)?;
+        Some(Self {
+            suffix,
+            matched,
+            row: row.to_vec(),
+        })
     }
 }
 
@@ -348,7 +358,7 @@ impl SideState {
         }
         let mut damaged = false;
         // Keeps an entry of `key`; false when it is damaged.
-        let mut keep = |k: &[u8], v: &[u8], key: &[u8]| match Entry::decode(k, v.to_vec()) {
+        let mut keep = |k: &[u8], v: &[u8], key: &[u8]| match Entry::decode(k, v) {
             Some(entry) => {
                 state.rows.entry_ref(key).or_default().push(entry);
                 true
@@ -462,10 +472,8 @@ pub(crate) mod stored {
     /// A side store's entry as (join key, the side's columns as an arrow row); `None` when
     /// damaged.
     pub(crate) fn side_row(entry_key: &[u8], value: &[u8]) -> Option<Vec<(Vec<u8>, Vec<u8>)>> {
-        Some(vec![(
-            join_key(entry_key)?.to_vec(),
-            value.get(1..)?.to_vec(),
-        )])
+        let (_, row) = super::value_parts(value)?;
+        Some(vec![(join_key(entry_key)?.to_vec(), row.to_vec())])
     }
 
     /// Splits a side's event-time index, read from every old partition, among new ones: each
@@ -607,14 +615,11 @@ impl StreamJoin {
         let left_rows = RowConverter::new(sort_fields(&left_schema))?;
         let right_rows = RowConverter::new(sort_fields(&right_schema))?;
 
-        // The stored rows each side's new rows meet, read from the other side's store.
+        // Each side's stored rows that the other side's new rows meet.
         let mut left_count = RowCount::read(lt.as_ref(), "left-times")?;
         let mut right_count = RowCount::read(rt.as_ref(), "right-times")?;
-        let left_keys: Vec<&[u8]> = l.keys.iter().map(|k| k.data()).collect();
-        let right_keys: Vec<&[u8]> = r.keys.iter().map(|k| k.data()).collect();
-        let left_state = SideState::load(ls.as_ref(), &right_keys, left_count.rows, "left")?;
-        let right_state = SideState::load(rs.as_ref(), &left_keys, right_count.rows, "right")?;
-        drop((left_keys, right_keys));
+        let left_state = SideState::load(ls.as_ref(), &r.key_bytes(), left_count.rows, "left")?;
+        let right_state = SideState::load(rs.as_ref(), &l.key_bytes(), right_count.rows, "right")?;
 
         let Matched {
             joined,
@@ -652,8 +657,8 @@ impl StreamJoin {
             let mut flags = ValueChanges::new();
             for ((k, p), _) in old.iter().zip(matched).filter(|(_, m)| **m) {
                 let e = &state.entries(k)[*p];
-                if !e.matched() {
-                    flags.put(row_key(k, &e.suffix), row_value(true, e.row()), true);
+                if !e.matched {
+                    flags.put(row_key(k, &e.suffix), row_value(true, &e.row), true);
                 }
             }
             flags.apply_to(&mut **store).map_err(state_error)?;
@@ -788,7 +793,7 @@ impl StreamJoin {
             left_rows,
             old_left
                 .iter()
-                .map(|(k, p)| left_state.entries(k)[*p].row())
+                .map(|(k, p)| left_state.entries(k)[*p].row.as_slice())
                 .collect(),
             &left_schema,
         )?;
@@ -796,7 +801,7 @@ impl StreamJoin {
             right_rows,
             old_right
                 .iter()
-                .map(|(k, p)| right_state.entries(k)[*p].row())
+                .map(|(k, p)| right_state.entries(k)[*p].row.as_slice())
                 .collect(),
             &right_schema,
         )?;
@@ -867,7 +872,7 @@ impl StreamJoin {
     /// matched nothing (returned, null-padded). Returns how many rows it stored.
     #[expect(
         clippy::too_many_arguments,
-        reason = "one side's rows, flags, state, stores and count, as the step holds them"
+        reason = "one side's rows, flags, stores and count, as the step holds them"
     )]
     fn store_new_rows(
         &self,
@@ -930,7 +935,7 @@ impl StreamJoin {
     /// evicted rows that never matched (returned, null-padded). Returns how many it removed.
     #[expect(
         clippy::too_many_arguments,
-        reason = "one side's stores, state, decoding and count, as the step holds them"
+        reason = "one side's stores, decoding and count, as the step holds them"
     )]
     fn evict_side(
         &self,
@@ -976,19 +981,19 @@ impl StreamJoin {
         // flags included) for those that never matched.
         let unmatched = if side.outer {
             let keys: Vec<&[u8]> = gone.iter().map(Vec::as_slice).collect();
-            let mut unmatched: Vec<Vec<u8>> = vec![];
-            for v in store.multi_get(&keys).map_err(state_error)? {
-                let v = v
-                    .filter(|v| !v.is_empty())
-                    .ok_or_else(|| corrupt(side.name))?;
-                if v[0] != 1 {
-                    unmatched.push(v);
+            let values = store.multi_get(&keys).map_err(state_error)?;
+            let mut unmatched: Vec<&[u8]> = vec![];
+            for v in &values {
+                match v.as_deref().and_then(value_parts) {
+                    Some((false, row)) => unmatched.push(row),
+                    Some((true, _)) => {}
+                    None => return Err(corrupt(side.name)),
                 }
             }
             if unmatched.is_empty() {
                 None
             } else {
-                let rows = unmatched.iter().map(|v| &v[1..]).collect();
+                let rows = unmatched;
                 let batch = decode(conv, rows, schema)?;
                 Some(self.null_padded(side.name == "left", &batch)?)
             }
@@ -1232,15 +1237,8 @@ mod tests {
         let stores = h.stores(op);
         let l = op.side_rows(&op.left, &planned.input[0], 0).unwrap();
         let r = op.side_rows(&op.right, &planned.input[1], 0).unwrap();
-        let keys: Vec<&[u8]> = l
-            .keys
-            .iter()
-            .chain(r.keys.iter())
-            .map(|k| k.data())
-            .collect();
-        let (left_keys, right_keys) = keys.split_at(l.keys.num_rows());
-        let left_state = SideState::load(stores[0].as_ref(), right_keys, 2, "left").unwrap();
-        let right_state = SideState::load(stores[2].as_ref(), left_keys, 1, "right").unwrap();
+        let left_state = SideState::load(stores[0].as_ref(), &r.key_bytes(), 2, "left").unwrap();
+        let right_state = SideState::load(stores[2].as_ref(), &l.key_bytes(), 1, "right").unwrap();
         let left_rows = RowConverter::new(sort_fields(&op.left.input.schema())).unwrap();
         let right_rows = RowConverter::new(sort_fields(&op.right.input.schema())).unwrap();
         let m = op
