@@ -21,6 +21,7 @@ mod snapshot;
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use rocksdb::{
     BlockBasedOptions, Cache, DB, IteratorMode, Options, ReadOptions, WriteBufferManager,
@@ -56,8 +57,15 @@ pub struct RocksDbConfig {
     pub memtable_bytes: usize,
     /// One memtable's size before it is flushed, bytes (default 16 MiB).
     pub write_buffer_bytes: usize,
-    /// Take a snapshot every this many versions (default 10, Spark's `minDeltasForSnapshot`).
+    /// Take a snapshot once this many versions have passed since the last one (default 10,
+    /// Spark's `minDeltasForSnapshot`); 0: never.
     pub snapshot_interval: u64,
+    /// And once this long has passed since the last one, or since the store was first opened
+    /// in this process (default 60 s, Spark's `stateStore.maintenanceInterval`: Spark uploads
+    /// snapshots from a maintenance task that runs this often). A snapshot writes the whole
+    /// state; this bounds how often a store pays for it however short its batches are. Zero:
+    /// every `snapshot_interval` versions.
+    pub snapshot_min_interval: Duration,
     /// Asynchronous checkpointing: a commit hands the version to the background and returns;
     /// the background writes its changelog to the checkpoint, applies it to the local instance
     /// and takes any snapshot, at most one version at a time per store, while the next batch
@@ -72,6 +80,7 @@ impl Default for RocksDbConfig {
             memtable_bytes: 64 << 20,
             write_buffer_bytes: 16 << 20,
             snapshot_interval: 10,
+            snapshot_min_interval: Duration::from_secs(60),
             async_checkpoint: false,
         }
     }
@@ -121,11 +130,21 @@ struct Upload {
 }
 
 /// What runs in the background: at most one upload per store, and the purges asked for while
-/// one was in flight (run after it, as it adds files no manifest lists yet).
+/// one was in flight (run after it, as it adds files no manifest lists yet); and when each
+/// store's next snapshot may be taken.
 #[derive(Debug, Default)]
 struct Background {
     uploads: HashMap<StoreId, Upload>,
     purges: HashMap<StoreId, u64>,
+    snapshots: HashMap<StoreId, SnapshotClock>,
+}
+
+/// When a store's next snapshot is due: `interval` versions after its last one and not before
+/// `not_before` (see [`RocksDbConfig::snapshot_min_interval`]).
+#[derive(Debug, Clone, Copy)]
+struct SnapshotClock {
+    last: u64,
+    not_before: Instant,
 }
 
 type Uploads = Arc<Mutex<Background>>;
@@ -636,7 +655,14 @@ fn write_counted(
     let cf = db
         .cf_handle(META_CF)
         .ok_or_else(|| backend(id, "the meta column family is missing"))?;
-    let mut wb = rocksdb::WriteBatch::default();
+    // Sized up front: a batch of a million rows grows RocksDB's buffer by doubling otherwise,
+    // copying it each time. Each entry costs its bytes, a tag and two varint lengths.
+    let bytes: usize = batch
+        .ops()
+        .iter()
+        .map(|(k, v)| k.len() + v.as_ref().map_or(0, Vec::len) + 11)
+        .sum();
+    let mut wb = rocksdb::WriteBatch::with_capacity_bytes(bytes + 256);
     for (k, v) in batch.ops() {
         match v {
             Some(v) => wb.put(k, v),
@@ -658,7 +684,15 @@ fn no_wal() -> rocksdb::WriteOptions {
     wo
 }
 
+/// FNV-1a, 64 bits: enough to notice a damaged or truncated changelog.
+fn checksum(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, b| {
+        (h ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3)
+    })
+}
+
 /// Writes changelog `version` whole (a temporary file renamed), so it is complete or absent.
+#[cfg(test)]
 fn write_changelog(id: &StoreId, dir: &Path, version: u64, bytes: &[u8]) -> Result<()> {
     std::fs::create_dir_all(dir).map_err(|e| backend(id, e))?;
     let path = dir.join(format!("{version}.changelog"));
@@ -667,19 +701,56 @@ fn write_changelog(id: &StoreId, dir: &Path, version: u64, bytes: &[u8]) -> Resu
     std::fs::rename(&tmp, &path).map_err(|e| backend(id, e))
 }
 
-/// FNV-1a, 64 bits: enough to notice a damaged or truncated changelog.
-fn checksum(bytes: &[u8]) -> u64 {
-    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, b| {
-        (h ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3)
-    })
+/// Writes changelog `version` of `batch` (leaving the store with `num_keys` keys) whole: streamed
+/// into a temporary file that is renamed once complete, so the changelog is complete or absent.
+/// Returns its [`trailer`].
+fn store_changelog(
+    id: &StoreId,
+    dir: &Path,
+    version: u64,
+    batch: &WriteBatch,
+    num_keys: u64,
+) -> Result<[u8; 8]> {
+    let io = |e: std::io::Error| backend(id, e);
+    std::fs::create_dir_all(dir).map_err(io)?;
+    let path = dir.join(format!("{version}.changelog"));
+    let tmp = dir.join(format!(".{version}.changelog.tmp"));
+    let written = std::fs::File::create(&tmp).and_then(|file| {
+        let out = Crc32Writer::new(std::io::BufWriter::with_capacity(1 << 20, file));
+        let (out, trailer) = encode_changelog_into(batch, num_keys, out)?;
+        out.flush_file()?;
+        Ok(trailer)
+    });
+    match written {
+        Ok(trailer) => {
+            std::fs::rename(&tmp, &path).map_err(io)?;
+            Ok(trailer)
+        }
+        Err(e) => {
+            let _ = std::fs::remove_file(&tmp);
+            Err(io(e))
+        }
+    }
 }
 
-/// Changelog `version`'s bytes: `batch`, leaving the store with `num_keys` keys, compressed as
-/// it is encoded (no uncompressed copy of the batch is made).
+/// Changelog `version`'s bytes: `batch`, leaving the store with `num_keys` keys.
+#[cfg(test)]
 fn encode_changelog(batch: &WriteBatch, num_keys: u64) -> std::io::Result<Vec<u8>> {
+    let (out, _) = encode_changelog_into(batch, num_keys, Crc32Writer::new(Vec::new()))?;
+    Ok(out.inner)
+}
+
+/// Writes the changelog of `batch` (leaving the store with `num_keys` keys) into `out`,
+/// compressed as it is encoded (no uncompressed copy of the batch is made), and seals it:
+/// returns the writer and the changelog's [`trailer`].
+fn encode_changelog_into<W: std::io::Write>(
+    batch: &WriteBatch,
+    num_keys: u64,
+    mut out: Crc32Writer<W>,
+) -> std::io::Result<(Crc32Writer<W>, [u8; 8])> {
     use std::io::Write;
-    let encoder =
-        zstd::stream::write::Encoder::new(CHANGELOG_MAGIC.to_vec(), CHANGELOG_ZSTD_LEVEL)?;
+    out.write_all(CHANGELOG_MAGIC)?;
+    let encoder = zstd::stream::write::Encoder::new(out, CHANGELOG_ZSTD_LEVEL)?;
     let mut w = std::io::BufWriter::with_capacity(1 << 16, encoder);
     w.write_all(&num_keys.to_le_bytes())?;
     for (k, v) in batch.ops() {
@@ -691,10 +762,67 @@ fn encode_changelog(batch: &WriteBatch, num_keys: u64) -> std::io::Result<Vec<u8
             w.write_all(v)?;
         }
     }
-    let mut out = w.into_inner().map_err(|e| e.into_error())?.finish()?;
-    let sum = crc32fast::hash(&out);
-    out.extend(sum.to_le_bytes());
-    Ok(out)
+    w.into_inner().map_err(|e| e.into_error())?.finish()?.seal()
+}
+
+/// Passes writes through to `inner`, keeping a CRC-32 of them, their count and their last four
+/// bytes; [`Crc32Writer::seal`] appends the CRC. Changelogs and snapshot images end so.
+pub(super) struct Crc32Writer<W> {
+    pub(super) inner: W,
+    crc: crc32fast::Hasher,
+    pub(super) written: u64,
+    last: [u8; 4],
+}
+
+impl<W: std::io::Write> Crc32Writer<W> {
+    pub(super) fn new(inner: W) -> Self {
+        Self {
+            inner,
+            crc: crc32fast::Hasher::new(),
+            written: 0,
+            last: [0; 4],
+        }
+    }
+
+    /// Appends the CRC-32 of everything written before it; returns the writer and the last
+    /// eight bytes written (the [`trailer`]).
+    pub(super) fn seal(mut self) -> std::io::Result<(Self, [u8; 8])> {
+        let sum = self.crc.clone().finalize().to_le_bytes();
+        self.inner.write_all(&sum)?;
+        self.written += 4;
+        let mut trailer = [0; 8];
+        trailer[..4].copy_from_slice(&self.last);
+        trailer[4..].copy_from_slice(&sum);
+        Ok((self, trailer))
+    }
+}
+
+impl Crc32Writer<std::io::BufWriter<std::fs::File>> {
+    /// Writes out what is buffered and closes the file.
+    pub(super) fn flush_file(self) -> std::io::Result<()> {
+        self.inner.into_inner().map_err(|e| e.into_error())?;
+        Ok(())
+    }
+}
+
+impl<W: std::io::Write> std::io::Write for Crc32Writer<W> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let n = self.inner.write(buf)?;
+        let buf = &buf[..n];
+        self.crc.update(buf);
+        self.written += n as u64;
+        if n >= 4 {
+            self.last.copy_from_slice(&buf[n - 4..]);
+        } else {
+            self.last.rotate_left(n);
+            self.last[4 - n..].copy_from_slice(buf);
+        }
+        Ok(n)
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.inner.flush()
+    }
 }
 
 /// A changelog's operations and, from version 2 on, the key count after them; `None` when the
@@ -842,6 +970,23 @@ impl StateStoreProvider for RocksDbStateStoreProvider {
             // nothing. Only what can be rebuilt is cleared.
             db = self.rebuild(id, db, version)?;
         }
+        // The first snapshot of a store this process opens comes an interval after it opened,
+        // as Spark's first maintenance run comes an interval after its provider loaded.
+        {
+            let mut bg = self
+                .uploads
+                .lock()
+                .map_err(|_| backend(id, "lock poisoned"))?;
+            if !bg.snapshots.contains_key(id) {
+                let last = snapshot::list(&self.store_dir(id))
+                    .into_iter()
+                    .rfind(|&s| s <= version)
+                    .unwrap_or(0);
+                let not_before = Instant::now() + self.shared.config.snapshot_min_interval;
+                bg.snapshots
+                    .insert(id.clone(), SnapshotClock { last, not_before });
+            }
+        }
         Ok(Box::new(RocksDbStateStore {
             id: id.clone(),
             version,
@@ -854,6 +999,7 @@ impl StateStoreProvider for RocksDbStateStoreProvider {
                 bytes: self.shared.config.memtable_bytes,
             },
             snapshot_interval: self.shared.config.snapshot_interval,
+            snapshot_min_interval: self.shared.config.snapshot_min_interval,
             uploaded: None,
             key_delta: Some(0),
             overlay,
@@ -893,6 +1039,7 @@ struct RocksDbStateStore {
     changelog_dir: PathBuf,
     memtables: MemtableBound,
     snapshot_interval: u64,
+    snapshot_min_interval: Duration,
     /// The snapshot the last commit took, if it took one.
     uploaded: Option<snapshot::Uploaded>,
     /// The key count change the applied batches stated; `None` once one did not.
@@ -926,9 +1073,8 @@ fn persist(
     num_keys: u64,
     memtables: &MemtableBound,
 ) -> Result<()> {
-    let bytes = encode_changelog(batch, num_keys).map_err(|e| backend(id, e))?;
-    write_changelog(id, changelog_dir, version, &bytes)?;
-    write_counted(db, id, batch, version, num_keys, trailer(&bytes))?;
+    let trailer = store_changelog(id, changelog_dir, version, batch, num_keys)?;
+    write_counted(db, id, batch, version, num_keys, &trailer)?;
     if memtables.manager.get_usage() > memtables.bytes {
         db.flush().map_err(|e| backend(id, e))?;
     }
@@ -965,6 +1111,38 @@ fn merge_sorted<'a>(
     }
     out.extend(lower);
     out
+}
+
+impl RocksDbStateStore {
+    /// Whether committing `next` takes a snapshot: `snapshot_interval` versions since the last
+    /// one and `snapshot_min_interval` since it (or since the store was first opened). If so,
+    /// the snapshot is counted as taken now.
+    fn snapshot_due(&self, next: u64) -> Result<bool> {
+        if self.snapshot_interval == 0 {
+            return Ok(false);
+        }
+        let mut bg = self
+            .background
+            .lock()
+            .map_err(|_| backend(&self.id, "lock poisoned"))?;
+        let now = Instant::now();
+        let clock = bg
+            .snapshots
+            .entry(self.id.clone())
+            .or_insert(SnapshotClock {
+                last: 0,
+                not_before: now,
+            });
+        let due =
+            next.saturating_sub(clock.last) >= self.snapshot_interval && now >= clock.not_before;
+        if due {
+            *clock = SnapshotClock {
+                last: next,
+                not_before: now + self.snapshot_min_interval,
+            };
+        }
+        Ok(due)
+    }
 }
 
 impl StateStore for RocksDbStateStore {
@@ -1087,8 +1265,7 @@ impl StateStore for RocksDbStateStore {
         } else {
             self.key_delta = Some(0);
         }
-        let snapshot_due =
-            self.snapshot_interval > 0 && next.is_multiple_of(self.snapshot_interval);
+        let snapshot_due = self.snapshot_due(next)?;
         // At most one upload in flight per store: wait for the last one (its failure is this
         // commit's; with async checkpointing the instance is then at this store's version) and
         // report the snapshot it copied, then run the purges asked for meanwhile.
@@ -1338,6 +1515,7 @@ mod tests {
             dir.path().join(local),
             RocksDbConfig {
                 snapshot_interval: every,
+                snapshot_min_interval: Duration::ZERO,
                 ..RocksDbConfig::default()
             },
         )
@@ -1397,6 +1575,7 @@ mod tests {
             dir.path().join(local),
             RocksDbConfig {
                 snapshot_interval,
+                snapshot_min_interval: Duration::ZERO,
                 async_checkpoint,
                 ..RocksDbConfig::default()
             },
@@ -1613,6 +1792,50 @@ mod tests {
         check_version(p.open(&id, 6).unwrap().as_ref(), 6);
     }
 
+    /// As Spark's maintenance task, a store snapshots at most once per `snapshot_min_interval`
+    /// (the first an interval after it was opened), at the first commit `snapshot_interval`
+    /// versions after its last snapshot once the interval has passed.
+    #[test]
+    fn snapshots_wait_for_the_maintenance_interval() {
+        let dir = tempfile::tempdir().unwrap();
+        let id = StoreId::new(0, 0, "default");
+        let store_dir = dir.path().join("checkpoint/0/0/default");
+        let gated = |local: &str, every: Duration| {
+            RocksDbStateStoreProvider::with_config(
+                dir.path().join("checkpoint"),
+                dir.path().join(local),
+                RocksDbConfig {
+                    snapshot_interval: 2,
+                    snapshot_min_interval: every,
+                    ..RocksDbConfig::default()
+                },
+            )
+        };
+        // Within the hour after the store opened: changelogs only.
+        let p = gated("local-a", Duration::from_secs(3600));
+        write_versions(&p, &id, 12);
+        assert_eq!(snapshot::list(&store_dir), Vec::<u64>::new());
+        drop(p);
+        // With a short interval: none before it has passed, then one at the first commit
+        // after it, then none until two more versions and the interval have passed again.
+        let every = Duration::from_secs(1);
+        let p = gated("local-a", every);
+        write_versions_from(&p, &id, 12, 14);
+        assert_eq!(snapshot::list(&store_dir), Vec::<u64>::new());
+        std::thread::sleep(every);
+        write_version(&p, &id, 14);
+        drop(p);
+        assert_eq!(snapshot::list(&store_dir), vec![15]);
+        let p = gated("local-a", every);
+        drop(p.open(&id, 15).unwrap()); // the store's clock starts when it is opened
+        std::thread::sleep(every);
+        write_version(&p, &id, 15);
+        assert_eq!(snapshot::list(&store_dir), vec![15], "one version since 15");
+        write_version(&p, &id, 16);
+        drop(p);
+        assert_eq!(snapshot::list(&store_dir), vec![15, 17]);
+    }
+
     #[test]
     fn snapshots_let_old_changelogs_go_and_a_rebuild_start_from_them() {
         let dir = tempfile::tempdir().unwrap();
@@ -1776,11 +1999,11 @@ mod tests {
         }
         let q = provider(&dir, "local-b");
         check_version(q.open(&id, 10).unwrap().as_ref(), 10);
-        // Its files go once two newer snapshots (images) are kept.
+        // Its files go once two newer snapshots (images, 5 and 10 versions after it) are kept.
         let q = with_snapshots(&dir, "local-c", 5);
         write_versions_from(&q, &id, 10, 21);
         q.purge_below(&id, 21).unwrap();
-        assert_eq!(snapshot::list(&store_dir), vec![15, 20]);
+        assert_eq!(snapshot::list(&store_dir), vec![13, 18]);
         let left = std::fs::read_dir(store_dir.join(snapshot::FILES))
             .unwrap()
             .count();
@@ -1799,6 +2022,7 @@ mod tests {
                 memtable_bytes: budget / 2,
                 write_buffer_bytes: 1 << 20,
                 snapshot_interval: 10,
+                snapshot_min_interval: Duration::ZERO,
                 async_checkpoint: false,
             },
         );
@@ -1856,6 +2080,29 @@ mod tests {
         let mid = garbled.len() / 2;
         garbled[mid] ^= 0x40;
         assert_eq!(decode_changelog(&garbled), None);
+    }
+
+    #[test]
+    fn a_stored_changelog_is_its_encoding_and_its_trailer_is_its_last_bytes() {
+        let dir = tempfile::tempdir().unwrap();
+        let id = StoreId::new(0, 0, "default");
+        for rows in [0usize, 1, 3, 50_000] {
+            let mut b = WriteBatch::new();
+            for i in 0..rows {
+                b.put(format!("key{i:08}").into_bytes(), vec![i as u8; i % 7]);
+            }
+            let trailer = store_changelog(&id, dir.path(), 4, &b, rows as u64).unwrap();
+            let stored = std::fs::read(dir.path().join("4.changelog")).unwrap();
+            assert_eq!(stored, encode_changelog(&b, rows as u64).unwrap());
+            assert_eq!(trailer, trailer_of(&stored), "{rows} rows");
+            assert_eq!(decode_changelog(&stored), Some((b, Some(rows as u64))));
+        }
+        let names: Vec<_> = std::fs::read_dir(dir.path()).unwrap().flatten().collect();
+        assert_eq!(names.len(), 1, "no temporary file is left: {names:?}");
+    }
+
+    fn trailer_of(bytes: &[u8]) -> [u8; 8] {
+        trailer(bytes).try_into().unwrap()
     }
 
     /// A changelog as weir wrote them before version 2 (uncompressed, FNV-1a, no key count).

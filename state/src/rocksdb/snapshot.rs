@@ -23,7 +23,7 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use rocksdb::checkpoint::Checkpoint;
-use rocksdb::{DB, IteratorMode, Options, ReadOptions};
+use rocksdb::{DB, Options, ReadOptions};
 use serde::{Deserialize, Serialize};
 
 use super::{APPLIED_KEY, META_CF, NUM_KEYS_KEY, VERSION_KEY, backend, checksum};
@@ -186,17 +186,17 @@ pub(super) fn upload(staged: Staged, id: &StoreId, store_dir: &Path) -> Result<U
         dir: staging,
         started,
     } = staged;
-    let image = write_image(&staging, id, version)?;
     std::fs::create_dir_all(store_dir).map_err(io)?;
-    let path = manifest_path(store_dir, version);
     let tmp = store_dir.join(format!(".{version}.snapshot.tmp"));
-    std::fs::write(&tmp, &image).map_err(io)?;
-    std::fs::rename(&tmp, &path).map_err(io)?;
+    let bytes = write_image(&staging, id, version, &tmp).inspect_err(|_| {
+        let _ = std::fs::remove_file(&tmp);
+    })?;
+    std::fs::rename(&tmp, manifest_path(store_dir, version)).map_err(io)?;
     std::fs::remove_dir_all(&staging).map_err(io)?;
     Ok(Uploaded {
         files_copied: 1,
         files_reused: 0,
-        bytes_copied: image.len() as u64,
+        bytes_copied: bytes,
         millis: started.elapsed().as_millis() as u64,
     })
 }
@@ -204,10 +204,12 @@ pub(super) fn upload(staged: Staged, id: &StoreId, store_dir: &Path) -> Result<U
 /// zstd level of images: as the changelogs'.
 const IMAGE_ZSTD_LEVEL: i32 = super::CHANGELOG_ZSTD_LEVEL;
 
-/// The image of the RocksDB checkpoint in `staging` (at `version`): the magic, one zstd frame of
-/// `[version u64][key count u64][applied length u32][applied]` and then each live entry as
-/// `[key length u32][key][value length u32][value]` in key order, and a CRC-32 of all before it.
-fn write_image(staging: &Path, id: &StoreId, version: u64) -> Result<Vec<u8>> {
+/// Writes the image of the RocksDB checkpoint in `staging` (at `version`) to the file `out`,
+/// streamed (an image is as large as the state: it is never held in memory), and returns its
+/// size: the magic, one zstd frame of `[version u64][key count u64][applied length u32][applied]`
+/// and then each live entry as `[key length u32][key][value length u32][value]` in key order,
+/// and a CRC-32 of all before it.
+fn write_image(staging: &Path, id: &StoreId, version: u64, out: &Path) -> Result<u64> {
     use std::io::Write;
     let db = DB::open_cf_for_read_only(
         &Options::default(),
@@ -232,8 +234,10 @@ fn write_image(staging: &Path, id: &StoreId, version: u64) -> Result<Vec<u8>> {
     let num_keys = u64_of(meta(NUM_KEYS_KEY)?);
     let applied = meta(APPLIED_KEY)?.unwrap_or_default();
     let io = |e: std::io::Error| backend(id, e);
-    let encoder =
-        zstd::stream::write::Encoder::new(IMAGE_MAGIC.to_vec(), IMAGE_ZSTD_LEVEL).map_err(io)?;
+    let file = std::fs::File::create(out).map_err(io)?;
+    let mut sealed = super::Crc32Writer::new(std::io::BufWriter::with_capacity(1 << 20, file));
+    sealed.write_all(IMAGE_MAGIC).map_err(io)?;
+    let encoder = zstd::stream::write::Encoder::new(sealed, IMAGE_ZSTD_LEVEL).map_err(io)?;
     let mut w = std::io::BufWriter::with_capacity(1 << 16, encoder);
     w.write_all(&version.to_le_bytes()).map_err(io)?;
     w.write_all(&num_keys.to_le_bytes()).map_err(io)?;
@@ -242,21 +246,26 @@ fn write_image(staging: &Path, id: &StoreId, version: u64) -> Result<Vec<u8>> {
     w.write_all(&applied).map_err(io)?;
     let mut read = ReadOptions::default();
     read.fill_cache(false);
-    for item in db.iterator_opt(IteratorMode::Start, read) {
-        let (k, v) = item.map_err(|e| backend(id, e))?;
+    // A raw iterator lends each entry: nothing is copied out of RocksDB's blocks.
+    let mut it = db.raw_iterator_opt(read);
+    it.seek_to_first();
+    while let (Some(k), Some(v)) = (it.key(), it.value()) {
         w.write_all(&(k.len() as u32).to_le_bytes()).map_err(io)?;
-        w.write_all(&k).map_err(io)?;
+        w.write_all(k).map_err(io)?;
         w.write_all(&(v.len() as u32).to_le_bytes()).map_err(io)?;
-        w.write_all(&v).map_err(io)?;
+        w.write_all(v).map_err(io)?;
+        it.next();
     }
-    let mut out = w
+    it.status().map_err(|e| backend(id, e))?;
+    let sealed = w
         .into_inner()
         .map_err(|e| io(e.into_error()))?
         .finish()
         .map_err(io)?;
-    let sum = crc32fast::hash(&out);
-    out.extend(sum.to_le_bytes());
-    Ok(out)
+    let (file, _) = sealed.seal().map_err(io)?;
+    let written = file.written;
+    file.flush_file().map_err(io)?;
+    Ok(written)
 }
 
 /// What an image says of the instance it was taken of.
