@@ -562,6 +562,8 @@ pub struct DataStreamWriter {
     pub(crate) async_state_checkpoint: bool,
     /// RocksDB settings given as options (`stateStore.rocksdb.*`), applied at start.
     rocksdb_options: Vec<(RocksDbSetting, usize)>,
+    /// `stateStore.maintenanceInterval`: the least time between a RocksDB store's snapshots.
+    state_maintenance_interval: Option<Duration>,
     /// A malformed writer-level option, reported by `start`.
     pub(crate) invalid: Option<Error>,
     /// Source evolution: sources are named and their offsets kept by name.
@@ -599,6 +601,7 @@ impl DataStreamWriter {
             max_watermark: false,
             async_state_checkpoint: false,
             rocksdb_options: vec![],
+            state_maintenance_interval: None,
             invalid: None,
             source_evolution: false,
             session,
@@ -617,8 +620,10 @@ impl DataStreamWriter {
     /// `spark.sql.streaming.multipleWatermarkPolicy`), `asyncStateCheckpoint` (`true`/`false`),
     /// and the RocksDB store's memory and snapshots: `stateStore.rocksdb.blockCacheSizeMB`
     /// (64), `stateStore.rocksdb.maxMemtableMemoryMB` (64, all memtables),
-    /// `stateStore.rocksdb.writeBufferSizeMB` (16, one memtable) and
-    /// `stateStore.minDeltasForSnapshot` (10 versions between snapshots).
+    /// `stateStore.rocksdb.writeBufferSizeMB` (16, one memtable),
+    /// `stateStore.minDeltasForSnapshot` (10 versions between snapshots) and
+    /// `stateStore.maintenanceInterval` (60 s at least between a store's snapshots, as Spark's
+    /// maintenance task; `0` snapshots every `minDeltasForSnapshot` versions).
     pub fn option(mut self, key: &str, value: impl ToString) -> Self {
         let value = value.to_string();
         if key.eq_ignore_ascii_case("checkpointLocation") {
@@ -638,6 +643,17 @@ impl DataStreamWriter {
                         format!(
                             "Option 'multipleWatermarkPolicy' must be min or max, not '{value}'."
                         ),
+                    ))
+                }
+            }
+        } else if key.eq_ignore_ascii_case("stateStore.maintenanceInterval") {
+            match weir_common::parse_duration(&value, Duration::from_millis(1)) {
+                Ok(d) => self.state_maintenance_interval = Some(d),
+                Err(e) => {
+                    self.invalid = Some(Error::user(
+                        "STREAMING_INVALID_OPTION",
+                        "42616",
+                        format!("Option '{key}': {e} (a bare number is milliseconds, as Spark's)."),
                     ))
                 }
             }
@@ -887,27 +903,14 @@ impl DataStreamWriter {
             schema,
             sink_record,
             ..
-        } = match planned.for_checkpoint(&self.plan, self.output_mode, logged_conf) {
-            Ok(p) => p,
-            Err(e) => {
-                checkpoint.delete_if_temporary();
-                return Err(e);
-            }
-        };
-        let removed_sources = match check_restart_sources(
+        } = planned.for_checkpoint(&self.plan, self.output_mode, logged_conf)?;
+        let removed_sources = check_restart_sources(
             &checkpoint,
             restart.as_ref(),
             &sources,
             self.source_evolution,
         )
-        .await
-        {
-            Ok(r) => r,
-            Err(e) => {
-                checkpoint.delete_if_temporary();
-                return Err(e);
-            }
-        };
+        .await?;
         let logged = restart.is_some();
         // The sink's record of its batches first: a lost entry or a replaced checkpoint is
         // refused before anything is written.
@@ -925,14 +928,8 @@ impl DataStreamWriter {
             .await
         }
         .await;
-        if let Err(e) = sink_checked {
-            checkpoint.delete_if_temporary();
-            return Err(e);
-        }
-        if let Err(e) = check_sink(&checkpoint, &sink_record, logged).await {
-            checkpoint.delete_if_temporary();
-            return Err(e);
-        }
+        sink_checked?;
+        check_sink(&checkpoint, &sink_record, logged).await?;
 
         let mut state = state;
         let stored_state = checkpoint.read_state_metadata().await?;
@@ -986,6 +983,9 @@ impl DataStreamWriter {
                     for (setting, n) in &self.rocksdb_options {
                         setting.apply(&mut config, *n);
                     }
+                    if let Some(d) = self.state_maintenance_interval {
+                        config.snapshot_min_interval = d;
+                    }
                     StateBackend::RocksDb(config)
                 }
                 memory => memory,
@@ -1021,13 +1021,7 @@ impl DataStreamWriter {
                         local,
                     )
                     .await;
-                    match mirror {
-                        Ok(m) => Some(m),
-                        Err(e) => {
-                            checkpoint.delete_if_temporary();
-                            return Err(e);
-                        }
-                    }
+                    Some(mirror?)
                 }
                 _ => None,
             };
@@ -1089,20 +1083,14 @@ impl DataStreamWriter {
             checkpoint.add_removed_sources(&removed_sources).await?;
         }
         // The sink's own set-up (a transactional Kafka producer fences earlier runs' here).
-        if let Err(e) = sink.open(&checkpoint.id().to_string()).await {
-            checkpoint.delete_if_temporary();
-            return Err(e.into());
-        }
+        sink.open(&checkpoint.id().to_string()).await?;
         let query = StreamingQuery {
             shared: Arc::clone(&shared),
             task: Arc::new(Mutex::new(None)),
         };
         let registered = register_sink_table(&inner, &sink, self.query_name.as_deref(), &schema)
             .and_then(|()| inner.manager.register(&query));
-        if let Err(e) = registered {
-            checkpoint.delete_if_temporary();
-            return Err(e);
-        }
+        registered?;
 
         let has_watermarks = !weir_planner::watermark::watermark_nodes(&plan).is_empty();
         let async_state_checkpoint = self.async_state_checkpoint && state_run.is_some();

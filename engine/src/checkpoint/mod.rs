@@ -554,6 +554,12 @@ impl Checkpoint {
         self.lease.as_ref().map_or(Ok(()), lease::Lease::check)
     }
 
+    /// Keeps a temporary checkpoint on disk after this run (a failed run's, for inspection, as
+    /// Spark keeps it); it is otherwise removed when the run lets go of it.
+    pub fn keep(&mut self) {
+        self.temporary = false;
+    }
+
     /// Removes a temporary checkpoint from disk.
     pub fn delete_if_temporary(&self) {
         if self.temporary
@@ -561,6 +567,15 @@ impl Checkpoint {
         {
             let _ = std::fs::remove_dir_all(dir);
         }
+    }
+}
+
+impl Drop for Checkpoint {
+    /// A temporary checkpoint goes with its run however the run ends unless [`Self::keep`] was
+    /// called: a start that failed after creating it, a clean stop, a query whose runtime was
+    /// shut down under it.
+    fn drop(&mut self) {
+        self.delete_if_temporary();
     }
 }
 
@@ -678,6 +693,39 @@ fn take_lock(location: &Location, id: Uuid) -> Result<Option<std::fs::File>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A temporary checkpoint goes when its run lets go of it, whichever way (a failed start
+    /// returns early, a dropped runtime drops the run), unless kept (a failed run's).
+    #[tokio::test]
+    async fn a_temporary_checkpoint_goes_with_its_run_unless_kept() {
+        let parent = tempfile::tempdir().unwrap();
+        let open = |name: &str, temporary: bool| {
+            let dir = parent.path().join(name);
+            async move {
+                let cp = Checkpoint::open(Location::local(&dir).unwrap(), temporary)
+                    .await
+                    .unwrap();
+                assert!(dir.join(METADATA).is_file());
+                (cp, dir)
+            }
+        };
+        let (cp, dir) = open("dropped", true).await;
+        drop(cp);
+        assert!(
+            !dir.exists(),
+            "a dropped temporary checkpoint was left behind"
+        );
+        let (mut cp, dir) = open("kept", true).await;
+        cp.keep();
+        drop(cp);
+        assert!(dir.join(METADATA).is_file(), "a kept one was removed");
+        let (cp, dir) = open("given", false).await;
+        drop(cp);
+        assert!(
+            dir.join(METADATA).is_file(),
+            "a checkpoint the user gave was removed"
+        );
+    }
 
     #[tokio::test]
     async fn a_second_open_of_a_held_checkpoint_is_refused_and_the_first_keeps_it() {

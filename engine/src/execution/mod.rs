@@ -229,6 +229,16 @@ impl Execution {
         };
         if let Err(e) = &result {
             tracing::error!(query_id = %self.shared.id, "query failed: {e}");
+            if self.checkpoint.is_temporary()
+                && let Some(dir) = self.checkpoint.location().local_dir()
+            {
+                tracing::warn!(
+                    query_id = %self.shared.id,
+                    "the failed query's temporary checkpoint is kept for inspection: {}",
+                    dir.display()
+                );
+            }
+            self.checkpoint.keep();
         } else {
             self.checkpoint.delete_if_temporary();
         }
