@@ -24,10 +24,8 @@ pub struct BenchConfig {
     pub rows_per_batch: u64,
     /// Source partitions and DataFusion target partitions.
     pub partitions: usize,
-    /// Stateful workloads: asynchronous state checkpointing.
-    pub async_state_checkpoint: bool,
-    /// Stateful workloads: a RocksDB snapshot every this many versions (the default if `None`).
-    pub min_deltas_for_snapshot: Option<u64>,
+    /// Stateful workloads: how state is checkpointed.
+    pub state: StateOptions,
     /// The `kafka` workload: the broker (`host:port`); without it, a Tansu broker is started
     /// on loopback from `$WEIR_TANSU` (see `scripts/test-servers`).
     pub bootstrap_servers: Option<String>,
@@ -115,20 +113,46 @@ pub struct StateFigures {
     pub snapshot_files_copied: i64,
 }
 
+/// How a benchmark's stateful query checkpoints its state: `weir bench`'s state flags.
+#[derive(Debug, Clone, Default)]
+pub struct StateOptions {
+    /// Asynchronous state checkpointing (`asyncStateCheckpoint`).
+    pub async_checkpoint: bool,
+    /// A RocksDB snapshot every this many versions (`stateStore.minDeltasForSnapshot`); `None`:
+    /// the default, 10.
+    pub min_deltas_for_snapshot: Option<u64>,
+    /// The least time between a store's snapshots (`stateStore.maintenanceInterval`, e.g.
+    /// `0` or `60s`); `None`: the default, 60 s.
+    pub maintenance_interval: Option<String>,
+}
+
+impl StateOptions {
+    /// The options, each as `, key 'value'`, to follow others in a SQL `OPTIONS` list.
+    pub fn sql(&self) -> String {
+        let mut s = format!(", asyncStateCheckpoint '{}'", self.async_checkpoint);
+        if let Some(n) = self.min_deltas_for_snapshot {
+            s += &format!(", stateStore.minDeltasForSnapshot '{n}'");
+        }
+        if let Some(d) = &self.maintenance_interval {
+            s += &format!(
+                ", stateStore.maintenanceInterval '{}'",
+                d.replace('\'', "''")
+            );
+        }
+        s
+    }
+}
+
 fn workload_sql(cfg: &BenchConfig, input: &Input) -> Result<String> {
     let src = format!(
         "STREAM rate_micro_batch(rowsPerBatch => {}, numPartitions => {})",
         cfg.rows_per_batch, cfg.partitions
     );
-    let asynchronous = cfg.async_state_checkpoint;
-    let snapshots = cfg
-        .min_deltas_for_snapshot
-        .map(|n| format!(", stateStore.minDeltasForSnapshot '{n}'"))
-        .unwrap_or_default();
+    let state = cfg.state.sql();
     let table = |mode: &str, query: String| {
         format!(
-            "CREATE STREAMING TABLE bench USING noop OPTIONS (outputMode '{mode}', \
-             asyncStateCheckpoint '{asynchronous}'{snapshots}) AS {query}"
+            "CREATE STREAMING TABLE bench USING noop OPTIONS (outputMode '{mode}'{state}) AS \
+             {query}"
         )
     };
     match cfg.workload.to_ascii_lowercase().as_str() {

@@ -271,6 +271,11 @@ enum Command {
         /// (`stateStore.minDeltasForSnapshot`, default 10).
         #[arg(long)]
         min_deltas_for_snapshot: Option<u64>,
+        /// Stateful workloads: the least time between a store's snapshots
+        /// (`stateStore.maintenanceInterval`, default 60s; 0: every --min-deltas-for-snapshot
+        /// versions).
+        #[arg(long)]
+        state_maintenance_interval: Option<String>,
         /// The kafka workload's broker (host:port); by default a Tansu broker started on
         /// loopback from $WEIR_TANSU.
         #[arg(long)]
@@ -874,6 +879,7 @@ async fn run(cli: Cli) -> anyhow::Result<std::process::ExitCode> {
             json,
             async_state_checkpoint,
             min_deltas_for_snapshot,
+            state_maintenance_interval,
             bootstrap_servers,
             input_dir,
             queries,
@@ -884,6 +890,11 @@ async fn run(cli: Cli) -> anyhow::Result<std::process::ExitCode> {
             event_rate,
             restart,
         } => {
+            let state = weir::bench::StateOptions {
+                async_checkpoint: async_state_checkpoint,
+                min_deltas_for_snapshot,
+                maintenance_interval: state_maintenance_interval,
+            };
             if workload.to_ascii_lowercase().starts_with("nexmark-") {
                 let report = weir::nexmark::run_nexmark_bench(&weir::nexmark::NexmarkBenchConfig {
                     query: workload,
@@ -894,6 +905,7 @@ async fn run(cli: Cli) -> anyhow::Result<std::process::ExitCode> {
                         rate: event_rate,
                         files: input_dir,
                     },
+                    state,
                 })
                 .await?;
                 if json {
@@ -925,8 +937,7 @@ async fn run(cli: Cli) -> anyhow::Result<std::process::ExitCode> {
                 warmup,
                 rows_per_batch,
                 partitions,
-                async_state_checkpoint,
-                min_deltas_for_snapshot,
+                state,
                 bootstrap_servers,
                 input_dir,
                 restart,

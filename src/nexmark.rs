@@ -291,6 +291,8 @@ pub struct NexmarkBenchConfig {
     pub query: String,
     /// The streams.
     pub streams: NexmarkStreams,
+    /// How state is checkpointed.
+    pub state: crate::bench::StateOptions,
 }
 
 /// The figures of one Nexmark run.
@@ -360,10 +362,11 @@ pub async fn run_nexmark_bench(cfg: &NexmarkBenchConfig) -> Result<NexmarkReport
     let dir = std::env::temp_dir().join(format!("weir-nexmark-{}", uuid::Uuid::new_v4()));
     let sql = format!(
         "CREATE STREAMING TABLE nexmark_{} USING noop OPTIONS (outputMode '{}', \
-         checkpointLocation '{}') AS {}",
+         checkpointLocation '{}'{}) AS {}",
         query.name,
         query.output_mode(),
         dir.display(),
+        cfg.state.sql(),
         query.select()
     );
     let opts = ScriptOptions {

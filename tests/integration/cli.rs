@@ -339,8 +339,9 @@ fn every_stateful_bench_workload_runs_and_reports_its_state() {
         assert!(r["state"]["commitTimeMs"].is_number(), "{r}");
     }
     // q2 with other state options: the same state; with asynchronous checkpointing too;
-    // snapshots every version with --min-deltas-for-snapshot 1, none in 4 versions by default
-    // (every 10th).
+    // snapshots every version with --min-deltas-for-snapshot 1 and no maintenance interval;
+    // none in the 60 s maintenance interval (Spark's), nor in 4 versions by default (every
+    // 10th).
     let q2 = |extra: &[&str]| -> serde_json::Value {
         let mut args = vec![
             "bench",
@@ -362,7 +363,16 @@ fn every_stateful_bench_workload_runs_and_reports_its_state() {
     let r = q2(&["--async-state-checkpoint"]);
     assert_eq!(r["state"]["numRowsTotal"], 1000, "{r}");
     for (extra, copies) in [
-        (&["--min-deltas-for-snapshot", "1"][..], true),
+        (
+            &[
+                "--min-deltas-for-snapshot",
+                "1",
+                "--state-maintenance-interval",
+                "0",
+            ][..],
+            true,
+        ),
+        (&["--min-deltas-for-snapshot", "1"][..], false),
         (&[], false),
     ] {
         let r = q2(extra);

@@ -161,7 +161,8 @@ fn setup() -> Setup {
     };
     let sql = format!(
         "CREATE STREAMING TABLE c USING delta LOCATION '{}' OPTIONS (outputMode 'complete', \
-         stateStore.minDeltasForSnapshot '2') AS SELECT k, count(*) AS n FROM STREAM \
+         stateStore.minDeltasForSnapshot '2', stateStore.maintenanceInterval '0') AS SELECT k, \
+         count(*) AS n FROM STREAM \
          read_files('{}', format => 'json', schema => 'k BIGINT', maxFilesPerTrigger => 1) \
          GROUP BY k",
         work.path().join("out").display(),
@@ -870,7 +871,8 @@ fn every_file_of_a_checkpoint_and_its_parquet_output_damaged_is_harmless_or_refu
     let (ck, out) = (work.path().join("ck"), work.path().join("out"));
     let sql = format!(
         "CREATE STREAMING TABLE d USING parquet LOCATION '{}' OPTIONS \
-         (stateStore.minDeltasForSnapshot '2') AS SELECT DISTINCT ON (k) k, value FROM \
+         (stateStore.minDeltasForSnapshot '2', stateStore.maintenanceInterval '0') AS SELECT \
+         DISTINCT ON (k) k, value FROM \
          (SELECT value % 13 AS k, value FROM STREAM rate_micro_batch(rowsPerBatch => 5, \
          numPartitions => 2))",
         out.display()

@@ -510,7 +510,8 @@ async fn a_stateful_query_on_an_s3_checkpoint_keeps_its_state_across_kills() {
     let mut env = server.env();
     env.push(("WEIR_CHECKPOINT_LEASE_MS".into(), "1000".into()));
     let sql = "CREATE STREAMING TABLE counts USING delta LOCATION 's3://weir/delta/counts' \
-               OPTIONS (outputMode 'complete', stateStore.minDeltasForSnapshot '2') AS \
+               OPTIONS (outputMode 'complete', stateStore.minDeltasForSnapshot '2', \
+               stateStore.maintenanceInterval '0') AS \
                SELECT value % 5 AS k, count(*) AS n, sum(value) AS s \
                FROM STREAM rate_micro_batch(rowsPerBatch => 10) GROUP BY value % 5";
     let weir = |args: &[&str]| server.weir(args, &[("WEIR_CHECKPOINT_LEASE_MS", "1000")]);

@@ -425,6 +425,7 @@ async fn old_state_is_purged_with_the_logs_and_a_restart_rebuilds_from_a_snapsho
             .output_mode(OutputMode::Complete)
             .checkpoint_location(ck.path().to_str().unwrap())
             .min_batches_to_retain(3)
+            .option("stateStore.maintenanceInterval", 0)
             .foreach_batch(move |id, batches| {
                 let outputs = Arc::clone(&outputs);
                 async move {
@@ -1425,6 +1426,7 @@ async fn the_rocksdb_store_is_configured_by_options() {
         .output_mode(OutputMode::Update)
         .checkpoint_location(ck.path().to_str().unwrap())
         .option("stateStore.minDeltasForSnapshot", 3)
+        .option("stateStore.maintenanceInterval", "0s")
         .option("stateStore.rocksdb.blockCacheSizeMB", 8)
         .option("stateStore.rocksdb.maxMemtableMemoryMB", 8)
         .option("stateStore.rocksdb.writeBufferSizeMB", 2)
