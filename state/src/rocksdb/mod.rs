@@ -972,21 +972,18 @@ impl StateStoreProvider for RocksDbStateStoreProvider {
         }
         // The first snapshot of a store this process opens comes an interval after it opened,
         // as Spark's first maintenance run comes an interval after its provider loaded.
-        {
-            let mut bg = self
-                .uploads
-                .lock()
-                .map_err(|_| backend(id, "lock poisoned"))?;
-            if !bg.snapshots.contains_key(id) {
-                let last = snapshot::list(&self.store_dir(id))
+        self.uploads
+            .lock()
+            .map_err(|_| backend(id, "lock poisoned"))?
+            .snapshots
+            .entry(id.clone())
+            .or_insert_with(|| SnapshotClock {
+                last: snapshot::list(&self.store_dir(id))
                     .into_iter()
                     .rfind(|&s| s <= version)
-                    .unwrap_or(0);
-                let not_before = Instant::now() + self.shared.config.snapshot_min_interval;
-                bg.snapshots
-                    .insert(id.clone(), SnapshotClock { last, not_before });
-            }
-        }
+                    .unwrap_or(0),
+                not_before: Instant::now() + self.shared.config.snapshot_min_interval,
+            });
         Ok(Box::new(RocksDbStateStore {
             id: id.clone(),
             version,
@@ -1125,14 +1122,12 @@ impl RocksDbStateStore {
             .background
             .lock()
             .map_err(|_| backend(&self.id, "lock poisoned"))?;
-        let now = Instant::now();
+        // `open` started the store's clock.
         let clock = bg
             .snapshots
-            .entry(self.id.clone())
-            .or_insert(SnapshotClock {
-                last: 0,
-                not_before: now,
-            });
+            .get_mut(&self.id)
+            .ok_or_else(|| backend(&self.id, "the store's snapshot clock is missing"))?;
+        let now = Instant::now();
         let due =
             next.saturating_sub(clock.last) >= self.snapshot_interval && now >= clock.not_before;
         if due {
