@@ -10,7 +10,7 @@
 mod generator;
 
 use std::ops::Range;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 
 use arrow::datatypes::SchemaRef;
 use async_trait::async_trait;
@@ -73,6 +73,39 @@ pub struct NexmarkSourceProvider {
     num_partitions: Option<u64>,
     generator: Arc<Generator>,
     schema: SchemaRef,
+    /// The streams open on this definition and the last batch one of them generated, for the
+    /// others to read rather than generate again.
+    shared: Arc<Mutex<Shared>>,
+}
+
+/// What the streams of one definition share: a query that scans a stream twice (Nexmark q7
+/// reads `STREAM bid` on both sides of a join) generates each batch once, and both scans read
+/// the same columns.
+#[derive(Debug, Default)]
+struct Shared {
+    /// Streams open on the definition.
+    readers: usize,
+    /// The last batch generated, while some open stream has yet to read it.
+    last: Option<Generated>,
+}
+
+struct Generated {
+    events: Range<u64>,
+    partitions: u64,
+    rows: Partitions,
+    /// How many more reads of it are expected (the other open streams).
+    unread: usize,
+}
+
+impl std::fmt::Debug for Generated {
+    // The range, not the rows.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Generated")
+            .field("events", &self.events)
+            .field("partitions", &self.partitions)
+            .field("unread", &self.unread)
+            .finish_non_exhaustive()
+    }
 }
 
 impl NexmarkSourceProvider {
@@ -169,6 +202,7 @@ impl NexmarkSourceProvider {
             num_partitions,
             generator: Arc::new(Generator::new(cfg)),
             schema: table.schema(),
+            shared: Arc::default(),
         })
     }
 
@@ -204,6 +238,40 @@ impl NexmarkSourceProvider {
             out.push(part);
         }
         Ok(out)
+    }
+
+    fn shared(&self) -> std::sync::MutexGuard<'_, Shared> {
+        // The guarded fields are consistent after any panic (plain assignments).
+        self.shared.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The rows of `events` in `partitions` as another stream of this definition generated
+    /// them, when it did so last and some stream has yet to read them.
+    fn take_generated(&self, events: &Range<u64>, partitions: u64) -> Option<Partitions> {
+        let mut shared = self.shared();
+        let last = shared.last.as_mut()?;
+        if last.events != *events || last.partitions != partitions || last.unread == 0 {
+            return None;
+        }
+        last.unread -= 1;
+        let rows = last.rows.clone();
+        if last.unread == 0 {
+            shared.last = None;
+        }
+        Some(rows)
+    }
+
+    /// Keeps rows just generated for the other open streams of this definition (none: nothing
+    /// is kept, so a query that scans a stream once holds no batch between its reads).
+    fn keep_generated(&self, events: Range<u64>, partitions: u64, rows: &Partitions) {
+        let mut shared = self.shared();
+        let others = shared.readers.saturating_sub(1);
+        shared.last = (others > 0).then(|| Generated {
+            events,
+            partitions,
+            rows: rows.clone(),
+            unread: others,
+        });
     }
 
     /// The partitions a stream of this source generates each batch in.
@@ -246,6 +314,7 @@ impl SourceProvider for NexmarkSourceProvider {
     }
 
     async fn open(&self, _ctx: SourceContext) -> Result<Box<dyn MicroBatchStream>> {
+        self.shared().readers += 1;
         Ok(Box::new(NexmarkStream {
             def: self.clone(),
             partitions: self.partitions(),
@@ -260,6 +329,16 @@ struct NexmarkStream {
     partitions: u64,
     available_now_target: Option<u64>,
     latest: Option<Offset>,
+}
+
+impl Drop for NexmarkStream {
+    fn drop(&mut self) {
+        let mut shared = self.def.shared();
+        shared.readers = shared.readers.saturating_sub(1);
+        if shared.readers <= 1 {
+            shared.last = None;
+        }
+    }
 }
 
 /// The event count an offset holds.
@@ -344,7 +423,13 @@ impl MicroBatchStream for NexmarkStream {
                  location."
             )));
         }
-        self.def.generate(s..e, self.partitions).await
+        // A batch another scan of this stream generated is read, not generated again.
+        if let Some(rows) = self.def.take_generated(&(s..e), self.partitions) {
+            return Ok(rows);
+        }
+        let rows = self.def.generate(s..e, self.partitions).await?;
+        self.def.keep_generated(s..e, self.partitions, &rows);
+        Ok(rows)
     }
 
     async fn prepare_for_available_now(&mut self, start: &Offset) -> Result<Offset> {

@@ -234,6 +234,70 @@ async fn the_same_offsets_give_the_same_events_however_partitioned() {
     assert_eq!(one(cut, Table::Bid), whole);
 }
 
+/// Two scans of one stream (q7's two `STREAM bid`) generate a batch once and read the same
+/// columns; one scan alone keeps nothing between batches.
+#[tokio::test]
+async fn two_scans_of_one_stream_share_each_generated_batch() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = source(&[
+        ("table", "bid"),
+        ("eventsPerBatch", "5000"),
+        ("numPartitions", "2"),
+    ]);
+    let same = |a: &Partitions, b: &Partitions| {
+        a.iter().flatten().zip(b.iter().flatten()).all(|(x, y)| {
+            x.columns()
+                .iter()
+                .zip(y.columns())
+                .all(|(c, d)| c.to_data().ptr_eq(&d.to_data()))
+        })
+    };
+    let mut first = src.open(ctx(&dir)).await.unwrap();
+    let mut second = src.open(ctx(&dir)).await.unwrap();
+    for (from, to) in [(0, 5000), (5000, 10000)] {
+        let a = first.get_batch(&offset(from), &offset(to)).await.unwrap();
+        let b = second.get_batch(&offset(from), &offset(to)).await.unwrap();
+        assert!(same(&a, &b), "batch {from}..{to} was generated twice");
+        assert!(
+            src.shared().last.is_none(),
+            "a batch read by both is let go"
+        );
+    }
+    // Read in the other order, and by a stream reading a range the other has not.
+    let b = second
+        .get_batch(&offset(10000), &offset(15000))
+        .await
+        .unwrap();
+    let a = first
+        .get_batch(&offset(10000), &offset(15000))
+        .await
+        .unwrap();
+    assert!(same(&a, &b));
+    let other = first
+        .get_batch(&offset(15000), &offset(20000))
+        .await
+        .unwrap();
+    let fresh = second
+        .get_batch(&offset(15000), &offset(16000))
+        .await
+        .unwrap();
+    assert_eq!(
+        one(fresh.concat(), Table::Bid),
+        one(
+            src.generate(15000..16000, 2).await.unwrap().concat(),
+            Table::Bid
+        )
+    );
+    assert!(!same(&other, &fresh));
+    drop(second);
+    let alone = first
+        .get_batch(&offset(20000), &offset(25000))
+        .await
+        .unwrap();
+    assert!(alone.iter().flatten().map(|b| b.num_rows()).sum::<usize>() > 0);
+    assert!(src.shared().last.is_none(), "one scan keeps no batch");
+}
+
 /// The `events` table holds every event once, with its type, the right struct filled in, and
 /// the per-type tables' rows.
 #[test]
