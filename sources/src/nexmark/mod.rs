@@ -250,7 +250,8 @@ impl NexmarkSourceProvider {
     fn take_generated(&self, events: &Range<u64>, partitions: u64) -> Option<Partitions> {
         let mut shared = self.shared();
         let last = shared.last.as_mut()?;
-        if last.events != *events || last.partitions != partitions || last.unread == 0 {
+        // A kept batch has `unread > 0`: it is let go when that reaches 0.
+        if last.events != *events || last.partitions != partitions {
             return None;
         }
         last.unread -= 1;
