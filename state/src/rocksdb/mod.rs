@@ -485,11 +485,12 @@ impl RocksDbStateStoreProvider {
 
     /// Brings the local instance `db` from version `from - 1` to `to` with the checkpoint's
     /// changelogs. Their writes are merged first (the newest per key), up to
-    /// [`REPLAY_CHUNK_OPS`] at a time, and each merge written at once in key order: a row a
+    /// [`REPLAY_CHUNK_BYTES`] at a time, and each merge written at once in key order: a row a
     /// later version deletes is never inserted, and RocksDB takes one sorted batch instead of
     /// one per version.
     fn replay(&self, id: &StoreId, db: &DB, from: u64, to: u64) -> Result<()> {
         let mut merged = Staged::default();
+        let mut merged_bytes = 0usize;
         for version in from..=to {
             let path = self.changelog(id, version);
             let bytes = match std::fs::read(&path) {
@@ -503,8 +504,12 @@ impl RocksDbStateStoreProvider {
                 file: path.display().to_string(),
                 problem: crate::error::corrupt_problem(&bytes, b"WEIRCL", b'2'),
             })?;
-            merged.extend(batch.into_ops());
-            if merged.len() >= REPLAY_CHUNK_OPS || version == to {
+            for (k, v) in batch.into_ops() {
+                merged_bytes += k.len() + v.as_ref().map_or(0, Vec::len) + REPLAY_OP_OVERHEAD;
+                merged.insert(k, v);
+            }
+            if merged_bytes >= REPLAY_CHUNK_BYTES || version == to {
+                merged_bytes = 0;
                 let batch = sorted_batch(std::mem::take(&mut merged));
                 let applied = trailer(&bytes);
                 match num_keys {
@@ -536,8 +541,14 @@ fn sorted_batch(writes: Staged) -> WriteBatch {
 /// Keys per RocksDB MultiGet call (see [`RocksDbStateStore::multi_get`]).
 const MULTI_GET_CHUNK: usize = 4096;
 
-/// The most writes [`RocksDbStateStoreProvider::replay`] merges before writing them.
-const REPLAY_CHUNK_OPS: usize = 2_000_000;
+/// About how many bytes of writes [`RocksDbStateStoreProvider::replay`] merges before writing
+/// them: keys and values plus [`REPLAY_OP_OVERHEAD`] each. Two million writes at once (the
+/// bound before) held ~900 MiB while rebuilding a join's million rows. Tests replay in chunks
+/// of a few versions, so that they cover a replay written in several chunks.
+const REPLAY_CHUNK_BYTES: usize = if cfg!(test) { 4 << 10 } else { 96 << 20 };
+
+/// What one merged write costs beyond its key and value: its map entry and two allocations.
+const REPLAY_OP_OVERHEAD: usize = 96;
 
 /// Reads every entry of every column family of `db` once, checking RocksDB's block checksums.
 fn verify_all(db: &DB) -> std::result::Result<(), rocksdb::Error> {
@@ -963,18 +974,25 @@ impl StateStoreProvider for RocksDbStateStoreProvider {
         // An earlier run's instance is used only if the checkpoint still holds the version it
         // is at (a checkpoint restored from a copy, or reset, has other changelogs).
         let diverged = reopened && !self.matches_checkpoint(id, &db, local)?;
+        // How many changelogs this open replays (a rebuild: all since the snapshot it starts
+        // from, counted below from the newest).
+        let mut replayed = Some(0);
         if !diverged && local < version && self.has_changelogs(id, local + 1, version) {
             self.replay(id, &db, local + 1, version)?;
+            replayed = Some(version - local);
         } else if diverged || local != version {
             // Rebuild: from the newest snapshot the changelogs can bring to `version`, or from
             // nothing. Only what can be rebuilt is cleared.
             db = self.rebuild(id, db, version)?;
+            replayed = None;
         }
         // The first snapshot of a store this process opens comes an interval after it opened,
         // as Spark's first maintenance run comes an interval after its provider loaded.
-        self.uploads
+        let mut background = self
+            .uploads
             .lock()
-            .map_err(|_| backend(id, "lock poisoned"))?
+            .map_err(|_| backend(id, "lock poisoned"))?;
+        let clock = background
             .snapshots
             .entry(id.clone())
             .or_insert_with(|| SnapshotClock {
@@ -984,6 +1002,16 @@ impl StateStoreProvider for RocksDbStateStoreProvider {
                     .unwrap_or(0),
                 not_before: Instant::now() + self.shared.config.snapshot_min_interval,
             });
+        // Except after replaying at least `snapshot_interval` changelogs since the last
+        // snapshot: the next commit snapshots whatever the clock says, so that the next process
+        // to rebuild the store (a restart on another machine, or after the local folder was
+        // lost) does not replay them all again.
+        let interval = self.shared.config.snapshot_interval;
+        let since_snapshot = version.saturating_sub(clock.last);
+        if interval > 0 && replayed.unwrap_or(since_snapshot).min(since_snapshot) >= interval {
+            clock.not_before = Instant::now();
+        }
+        drop(background);
         Ok(Box::new(RocksDbStateStore {
             id: id.clone(),
             version,
@@ -1829,6 +1857,51 @@ mod tests {
         write_version(&p, &id, 16);
         drop(p);
         assert_eq!(snapshot::list(&store_dir), vec![15, 17]);
+    }
+
+    /// A rebuild that replayed `snapshot_interval` changelogs or more snapshots at its next
+    /// commit, whatever the maintenance clock says, so the next rebuild does not replay them
+    /// again; a reused local instance waits for the clock as before.
+    #[test]
+    fn a_rebuild_that_replayed_many_changelogs_snapshots_at_its_next_commit() {
+        let dir = tempfile::tempdir().unwrap();
+        let id = StoreId::new(0, 0, "default");
+        let store_dir = dir.path().join("checkpoint/0/0/default");
+        let gated = |local: &str| {
+            RocksDbStateStoreProvider::with_config(
+                dir.path().join("checkpoint"),
+                dir.path().join(local),
+                RocksDbConfig {
+                    snapshot_interval: 5,
+                    snapshot_min_interval: Duration::from_secs(3600),
+                    ..RocksDbConfig::default()
+                },
+            )
+        };
+        let p = gated("local-a");
+        write_versions(&p, &id, 12);
+        drop(p);
+        // The same folder: the instance is reused, nothing replayed, no snapshot.
+        let p = gated("local-a");
+        write_version(&p, &id, 12);
+        drop(p);
+        assert_eq!(snapshot::list(&store_dir), Vec::<u64>::new());
+        // Another folder: 13 changelogs replayed, so version 14 is a snapshot.
+        let q = gated("local-b");
+        write_version(&q, &id, 13);
+        write_version(&q, &id, 14);
+        drop(q);
+        assert_eq!(
+            snapshot::list(&store_dir),
+            vec![14],
+            "then the clock runs again"
+        );
+        // A rebuild from snapshot 14 replays one changelog: the clock decides.
+        let r = gated("local-c");
+        write_version(&r, &id, 15);
+        drop(r);
+        assert_eq!(snapshot::list(&store_dir), vec![14]);
+        check_version(gated("local-d").open(&id, 16).unwrap().as_ref(), 16);
     }
 
     #[test]
