@@ -977,7 +977,17 @@ impl StateStoreProvider for RocksDbStateStoreProvider {
         // How many changelogs this open replays (a rebuild: all since the snapshot it starts
         // from, counted below from the newest).
         let mut replayed = Some(0);
-        if !diverged && local < version && self.has_changelogs(id, local + 1, version) {
+        // A snapshot newer than the instance (an empty one above all: a new machine, a lost
+        // folder) is restored rather than every changelog since the instance's version replayed.
+        let snapshot_ahead = local < version
+            && snapshot::list(&self.store_dir(id))
+                .into_iter()
+                .any(|s| local < s && s <= version);
+        if !diverged
+            && !snapshot_ahead
+            && local < version
+            && self.has_changelogs(id, local + 1, version)
+        {
             self.replay(id, &db, local + 1, version)?;
             replayed = Some(version - local);
         } else if diverged || local != version {
@@ -1857,6 +1867,27 @@ mod tests {
         write_version(&p, &id, 16);
         drop(p);
         assert_eq!(snapshot::list(&store_dir), vec![15, 17]);
+    }
+
+    /// An instance behind the newest snapshot (an empty one on a new machine) starts from the
+    /// snapshot, not from every changelog since its own version, even while those are kept.
+    #[test]
+    fn an_empty_instance_starts_from_the_newest_snapshot_while_the_changelogs_are_kept() {
+        let dir = tempfile::tempdir().unwrap();
+        let id = StoreId::new(0, 0, "default");
+        let p = with_snapshots(&dir, "local-a", 5);
+        write_versions(&p, &id, 12);
+        drop(p);
+        let store_dir = dir.path().join("checkpoint/0/0/default");
+        assert_eq!(snapshot::list(&store_dir), vec![5, 10]);
+        // Changelog 3, which only a replay from the start reads, is damaged.
+        let path = store_dir.join("3.changelog");
+        flip_byte(&path, std::fs::metadata(&path).unwrap().len() as usize / 2);
+        let q = with_snapshots(&dir, "local-b", 5);
+        check_version(q.open(&id, 12).unwrap().as_ref(), 12);
+        // The instance left at 12 goes on from itself.
+        write_version(&q, &id, 12);
+        check_version(q.open(&id, 13).unwrap().as_ref(), 13);
     }
 
     /// A rebuild that replayed `snapshot_interval` changelogs or more snapshots at its next
