@@ -12,7 +12,8 @@ use std::sync::Arc;
 use datafusion::common::tree_node::{Transformed, TreeNode};
 use datafusion::common::{Column, DFSchemaRef, Result, ScalarValue, plan_err};
 use datafusion::logical_expr::{
-    BinaryExpr, Expr, Extension, JoinType, LogicalPlan, Operator, UserDefinedLogicalNodeCore,
+    BinaryExpr, Expr, Extension, Filter, JoinType, LogicalPlan, Operator,
+    UserDefinedLogicalNodeCore,
     utils::{conjunction, split_conjunction},
 };
 use weir_common::ClassifiedError;
@@ -262,6 +263,68 @@ fn time_bound(filter: Option<&Expr>, left: &LogicalPlan, right: &LogicalPlan) ->
     bound
 }
 
+impl StreamJoinNode {
+    /// This inner join with each of `conjuncts` that reads one side only applied to that side
+    /// before the join as well, so rows that cannot pass it are neither stored nor paired
+    /// (Nexmark q20's `WHERE a.category = 10` paired every bid with its auction and then
+    /// dropped four pairs in five). DataFusion's filter pushdown cannot do it: it pushes a
+    /// predicate into every input of an extension node or none. The conjuncts stay where they
+    /// were too, so a row stored before this existed (in a checkpoint written without it) is
+    /// still filtered out; volatile ones are left alone.
+    fn with_sides_filtered(mut self, conjuncts: Vec<&Expr>) -> Result<Self> {
+        if self.join_type != JoinType::Inner {
+            return Ok(self);
+        }
+        let only = |e: &Expr, p: &LogicalPlan| {
+            let cols = e.column_refs();
+            !e.is_volatile() && !cols.is_empty() && cols.iter().all(|c| p.schema().has_column(c))
+        };
+        for left in [true, false] {
+            let side = if left { &self.left } else { &self.right };
+            let pushed = conjunction(
+                conjuncts
+                    .iter()
+                    .filter(|e| only(e, side))
+                    .map(|e| (*e).clone()),
+            );
+            if let Some(p) = pushed {
+                let filtered = LogicalPlan::Filter(Filter::try_new(p, Arc::new(side.clone()))?);
+                if left {
+                    self.left = filtered;
+                } else {
+                    self.right = filtered;
+                }
+            }
+        }
+        Ok(self)
+    }
+}
+
+/// A filter over a stream-stream inner join with the conjuncts that read one side also
+/// applied to that side before the join (see [`StreamJoinNode::with_sides_filtered`]).
+fn filter_sides_first(f: &Filter) -> Result<Transformed<LogicalPlan>> {
+    let node = match f.input.as_ref() {
+        LogicalPlan::Extension(e) => e.node.as_any().downcast_ref::<StreamJoinNode>(),
+        _ => None,
+    };
+    let Some(node) = node else {
+        return Ok(Transformed::no(LogicalPlan::Filter(f.clone())));
+    };
+    let joined = node
+        .clone()
+        .with_sides_filtered(split_conjunction(&f.predicate))?;
+    if joined == *node {
+        return Ok(Transformed::no(LogicalPlan::Filter(f.clone())));
+    }
+    let input = LogicalPlan::Extension(Extension {
+        node: Arc::new(joined),
+    });
+    Ok(Transformed::yes(LogicalPlan::Filter(Filter::try_new(
+        f.predicate.clone(),
+        Arc::new(input),
+    )?)))
+}
+
 /// Replaces each join of two streams with a [`StreamJoinNode`]; refuses join types the
 /// engine cannot run on streams.
 pub fn rewrite_stream_joins(
@@ -270,6 +333,9 @@ pub fn rewrite_stream_joins(
     let mut problem = None;
     let rewritten = plan
         .transform_up(|node| {
+            if let LogicalPlan::Filter(f) = &node {
+                return filter_sides_first(f);
+            }
             let LogicalPlan::Join(j) = &node else {
                 return Ok(Transformed::no(node));
             };
@@ -314,16 +380,21 @@ pub fn rewrite_stream_joins(
             }
             let filter = conjunction(rest);
             let time_bound = time_bound(filter.as_ref(), &j.left, &j.right);
+            let node = StreamJoinNode {
+                left: j.left.as_ref().clone(),
+                right: j.right.as_ref().clone(),
+                on,
+                filter: filter.clone(),
+                join_type: j.join_type,
+                time_bound,
+                schema: Arc::clone(&j.schema),
+            };
+            let node = match &filter {
+                Some(f) => node.with_sides_filtered(split_conjunction(f))?,
+                None => node,
+            };
             Ok(Transformed::yes(LogicalPlan::Extension(Extension {
-                node: Arc::new(StreamJoinNode {
-                    left: j.left.as_ref().clone(),
-                    right: j.right.as_ref().clone(),
-                    on,
-                    filter,
-                    join_type: j.join_type,
-                    time_bound,
-                    schema: Arc::clone(&j.schema),
-                }),
+                node: Arc::new(node),
             })))
         })
         .map_err(|e| ClassifiedError::new("INVALID_QUERY", "42000", e.to_string()))?;
