@@ -1543,12 +1543,22 @@ mod tests {
         local: &str,
         every: u64,
     ) -> RocksDbStateStoreProvider {
+        clocked(dir, local, every, Duration::ZERO)
+    }
+
+    /// A provider snapshotting every `every` versions once `min_interval` has passed.
+    fn clocked(
+        dir: &tempfile::TempDir,
+        local: &str,
+        every: u64,
+        min_interval: Duration,
+    ) -> RocksDbStateStoreProvider {
         RocksDbStateStoreProvider::with_config(
             dir.path().join("checkpoint"),
             dir.path().join(local),
             RocksDbConfig {
                 snapshot_interval: every,
-                snapshot_min_interval: Duration::ZERO,
+                snapshot_min_interval: min_interval,
                 ..RocksDbConfig::default()
             },
         )
@@ -1833,17 +1843,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let id = StoreId::new(0, 0, "default");
         let store_dir = dir.path().join("checkpoint/0/0/default");
-        let gated = |local: &str, every: Duration| {
-            RocksDbStateStoreProvider::with_config(
-                dir.path().join("checkpoint"),
-                dir.path().join(local),
-                RocksDbConfig {
-                    snapshot_interval: 2,
-                    snapshot_min_interval: every,
-                    ..RocksDbConfig::default()
-                },
-            )
-        };
+        let gated = |local: &str, every: Duration| clocked(&dir, local, 2, every);
         // Within the hour after the store opened: changelogs only.
         let p = gated("local-a", Duration::from_secs(3600));
         write_versions(&p, &id, 12);
@@ -1898,17 +1898,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let id = StoreId::new(0, 0, "default");
         let store_dir = dir.path().join("checkpoint/0/0/default");
-        let gated = |local: &str| {
-            RocksDbStateStoreProvider::with_config(
-                dir.path().join("checkpoint"),
-                dir.path().join(local),
-                RocksDbConfig {
-                    snapshot_interval: 5,
-                    snapshot_min_interval: Duration::from_secs(3600),
-                    ..RocksDbConfig::default()
-                },
-            )
-        };
+        let gated = |local: &str| clocked(&dir, local, 5, Duration::from_secs(3600));
         let p = gated("local-a");
         write_versions(&p, &id, 12);
         drop(p);
