@@ -13,7 +13,7 @@ use datafusion::common::tree_node::{Transformed, TreeNode};
 use datafusion::common::{Column, DFSchemaRef, Result, ScalarValue, plan_err};
 use datafusion::logical_expr::{
     BinaryExpr, Expr, Extension, Filter, JoinType, LogicalPlan, Operator,
-    UserDefinedLogicalNodeCore,
+    UserDefinedLogicalNodeCore, Volatility,
     utils::{conjunction, split_conjunction},
 };
 use weir_common::ClassifiedError;
@@ -270,33 +270,60 @@ impl StreamJoinNode {
     /// dropped four pairs in five). DataFusion's filter pushdown cannot do it: it pushes a
     /// predicate into every input of an extension node or none. The conjuncts stay where they
     /// were too, so a row stored before this existed (in a checkpoint written without it) is
-    /// still filtered out; volatile ones are left alone.
+    /// still filtered out. As in Spark, a side's watermark then counts only the rows that pass
+    /// (the optimizer moves a filter that does not read the event time below the watermark).
     fn with_sides_filtered(mut self, conjuncts: Vec<&Expr>) -> Result<Self> {
         if self.join_type != JoinType::Inner {
             return Ok(self);
         }
-        let only = |e: &Expr, p: &LogicalPlan| {
-            let cols = e.column_refs();
-            !e.is_volatile() && !cols.is_empty() && cols.iter().all(|c| p.schema().has_column(c))
-        };
-        for left in [true, false] {
-            let side = if left { &self.left } else { &self.right };
-            let pushed = conjunction(
-                conjuncts
-                    .iter()
-                    .filter(|e| only(e, side))
-                    .map(|e| (*e).clone()),
-            );
-            if let Some(p) = pushed {
-                let filtered = LogicalPlan::Filter(Filter::try_new(p, Arc::new(side.clone()))?);
-                if left {
-                    self.left = filtered;
-                } else {
-                    self.right = filtered;
-                }
+        let left_width = self.left.schema().fields().len();
+        let mut pushed: [Vec<Expr>; 2] = [vec![], vec![]];
+        for e in conjuncts {
+            if let Some(side) = self.one_side(e, left_width) {
+                pushed[side].push(e.clone());
             }
         }
+        let [to_left, to_right] = pushed;
+        if let Some(p) = conjunction(to_left) {
+            self.left = LogicalPlan::Filter(Filter::try_new(p, Arc::new(self.left))?);
+        }
+        if let Some(p) = conjunction(to_right) {
+            self.right = LogicalPlan::Filter(Filter::try_new(p, Arc::new(self.right))?);
+        }
         Ok(self)
+    }
+
+    /// The side (0 left, 1 right) whose columns alone `e` reads, when it can move there: each
+    /// column resolved in the join's own schema (so a bare name one side has unqualified and
+    /// the other qualified goes where the join resolved it), no subquery (whose references to
+    /// the other side `column_refs` does not see), and only immutable functions (`now()` gives
+    /// another answer when the row is stored than when it is paired in a later batch).
+    fn one_side(&self, e: &Expr, left_width: usize) -> Option<usize> {
+        let movable = !e
+            .exists(|x| {
+                Ok(match x {
+                    Expr::ScalarSubquery(_)
+                    | Expr::Exists(_)
+                    | Expr::InSubquery(_)
+                    | Expr::OuterReferenceColumn(..) => true,
+                    Expr::ScalarFunction(f) => {
+                        f.func.signature().volatility != Volatility::Immutable
+                    }
+                    _ => x.is_volatile_node(),
+                })
+            })
+            .unwrap_or(true);
+        if !movable {
+            return None;
+        }
+        let mut sides = e.column_refs().into_iter().map(|c| {
+            self.schema
+                .index_of_column(c)
+                .ok()
+                .map(|i| usize::from(i >= left_width))
+        });
+        let first = sides.next()??;
+        sides.all(|s| s == Some(first)).then_some(first)
     }
 }
 
