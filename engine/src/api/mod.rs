@@ -620,7 +620,7 @@ impl DataStreamWriter {
     /// `spark.sql.streaming.multipleWatermarkPolicy`), `asyncStateCheckpoint` (`true`/`false`),
     /// and the RocksDB store's memory and snapshots: `stateStore.rocksdb.blockCacheSizeMB`
     /// (64), `stateStore.rocksdb.maxMemtableMemoryMB` (64, all memtables),
-    /// `stateStore.rocksdb.writeBufferSizeMB` (16, one memtable),
+    /// `stateStore.rocksdb.writeBufferSizeMB` (64, one memtable),
     /// `stateStore.minDeltasForSnapshot` (10 versions between snapshots) and
     /// `stateStore.maintenanceInterval` (60 s at least between a store's snapshots, as Spark's
     /// maintenance task; `0` snapshots every `minDeltasForSnapshot` versions).
