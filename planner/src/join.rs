@@ -263,23 +263,39 @@ fn time_bound(filter: Option<&Expr>, left: &LogicalPlan, right: &LogicalPlan) ->
     bound
 }
 
+/// Where a one-sided conjunct of a join's condition (`on`) or of the filter above it (`WHERE`)
+/// may also be applied before the join: on an inner join, either side; above an outer join,
+/// its preserved side (a row the `WHERE` drops would only have become output rows the `WHERE`
+/// drops); in an outer join's condition, the side that is not preserved (its rows that fail
+/// can meet nothing, and unmatched they are not output). A full join preserves both, so
+/// nothing moves; the rules are Spark's `PushPredicateThroughJoin`'s and DataFusion's.
+fn pushable_sides(join_type: JoinType, from_condition: bool) -> [bool; 2] {
+    match (join_type, from_condition) {
+        (JoinType::Inner, _) => [true, true],
+        (JoinType::Left, false) | (JoinType::Right, true) => [true, false],
+        (JoinType::Right, false) | (JoinType::Left, true) => [false, true],
+        _ => [false, false],
+    }
+}
+
 impl StreamJoinNode {
-    /// This inner join with each of `conjuncts` that reads one side only applied to that side
-    /// before the join as well, so rows that cannot pass it are neither stored nor paired
+    /// This join with each of `conjuncts` (from its condition, or from the filter right above
+    /// it) that reads one side only applied to that side before the join as well, where
+    /// [`pushable_sides`] allows, so rows that cannot pass it are neither stored nor paired
     /// (Nexmark q20's `WHERE a.category = 10` paired every bid with its auction and then
     /// dropped four pairs in five). DataFusion's filter pushdown cannot do it: it pushes a
     /// predicate into every input of an extension node or none. The conjuncts stay where they
     /// were too, so a row stored before this existed (in a checkpoint written without it) is
     /// still filtered out. As in Spark, a side's watermark then counts only the rows that pass
     /// (the optimizer moves a filter that does not read the event time below the watermark).
-    fn with_sides_filtered(mut self, conjuncts: Vec<&Expr>) -> Result<Self> {
-        if self.join_type != JoinType::Inner {
-            return Ok(self);
-        }
+    fn with_sides_filtered(mut self, conjuncts: Vec<&Expr>, from_condition: bool) -> Result<Self> {
+        let allowed = pushable_sides(self.join_type, from_condition);
         let left_width = self.left.schema().fields().len();
         let mut pushed: [Vec<Expr>; 2] = [vec![], vec![]];
         for e in conjuncts {
-            if let Some(side) = self.one_side(e, left_width) {
+            if let Some(side) = self.one_side(e, left_width)
+                && allowed[side]
+            {
                 pushed[side].push(e.clone());
             }
         }
@@ -327,8 +343,8 @@ impl StreamJoinNode {
     }
 }
 
-/// A filter over a stream-stream inner join with the conjuncts that read one side also
-/// applied to that side before the join (see [`StreamJoinNode::with_sides_filtered`]).
+/// A filter over a stream-stream join with the conjuncts that read one side also applied to
+/// that side before the join, where the join type allows (see [`StreamJoinNode::with_sides_filtered`]).
 fn filter_sides_first(f: &Filter) -> Result<Transformed<LogicalPlan>> {
     let node = match f.input.as_ref() {
         LogicalPlan::Extension(e) => e.node.as_any().downcast_ref::<StreamJoinNode>(),
@@ -339,7 +355,7 @@ fn filter_sides_first(f: &Filter) -> Result<Transformed<LogicalPlan>> {
     };
     let joined = node
         .clone()
-        .with_sides_filtered(split_conjunction(&f.predicate))?;
+        .with_sides_filtered(split_conjunction(&f.predicate), false)?;
     if joined == *node {
         return Ok(Transformed::no(LogicalPlan::Filter(f.clone())));
     }
@@ -417,7 +433,7 @@ pub fn rewrite_stream_joins(
                 schema: Arc::clone(&j.schema),
             };
             let node = match &filter {
-                Some(f) => node.with_sides_filtered(split_conjunction(f))?,
+                Some(f) => node.with_sides_filtered(split_conjunction(f), true)?,
                 None => node,
             };
             Ok(Transformed::yes(LogicalPlan::Extension(Extension {

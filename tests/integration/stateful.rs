@@ -1049,6 +1049,92 @@ async fn a_one_sided_filter_of_an_inner_join_keeps_its_rows_out_of_state() {
     q.stop().await;
 }
 
+/// An outer join's one-sided conjuncts move where Spark's optimizer moves them: a `WHERE` on
+/// the preserved side, and the condition's on the other side, keep those rows out of state; the
+/// condition's conjunct on the preserved side stays in the join, whose rows that fail it are
+/// still output with nulls once the watermark passes them.
+#[tokio::test]
+async fn an_outer_join_filters_before_the_join_only_what_cannot_change_its_output() {
+    for (join, preserved, other) in [("LEFT JOIN", "l", "r"), ("RIGHT JOIN", "r", "l")] {
+        // Only rows of k = 0 reach the join: the WHERE on the preserved side, the condition on
+        // the other.
+        let sql = format!(
+            "SELECT coalesce(l.k, r.k) AS k, l.ts AS lt, r.ts AS rt FROM lw l {join} rw r \
+             ON l.k = r.k AND {other}.k = 0 \
+             AND r.ts BETWEEN l.ts - INTERVAL 1 SECOND AND l.ts + INTERVAL 1 SECOND \
+             WHERE {preserved}.k = 0"
+        );
+        let WatermarkedJoin {
+            lefts,
+            rights,
+            outputs,
+            query: q,
+            checkpoint: _ck,
+        } = WatermarkedJoin::start(&sql).await.unwrap();
+        // k = seconds % 2; 14 s has no partner on the other side.
+        let (mine, theirs) = (events(&[10, 11, 12, 13, 14]), events(&[10, 11, 12, 13]));
+        let (l, r) = if preserved == "l" {
+            (mine, theirs)
+        } else {
+            (theirs, mine)
+        };
+        lefts.push(l).unwrap();
+        rights.push(r).unwrap();
+        q.process_all_available().await.unwrap();
+        let stored: u64 = q
+            .recent_progress()
+            .iter()
+            .flat_map(|p| p.state_operators.iter().map(|o| o.num_rows_updated))
+            .sum();
+        assert_eq!(
+            stored, 5,
+            "{join}: only the k = 0 rows are stored (9 of them are k = 0 or 1)"
+        );
+        lefts.push(events(&[20])).unwrap();
+        rights.push(events(&[20])).unwrap();
+        q.process_all_available().await.unwrap();
+        let padded = if preserved == "l" {
+            (0, 14, -1)
+        } else {
+            (0, -1, 14)
+        };
+        let mut expected = vec![(0, 10, 10), (0, 12, 12), (0, 20, 20), padded];
+        expected.sort_unstable();
+        assert_eq!(join_rows(&outputs), expected, "{join}");
+        q.stop().await;
+
+        // The condition's conjunct on the preserved side stays in the join: the preserved
+        // side's rows that fail it come out with nulls.
+        let sql = format!(
+            "SELECT coalesce(l.k, r.k) AS k, l.ts AS lt, r.ts AS rt FROM lw l {join} rw r \
+             ON l.k = r.k AND {preserved}.k = 0 \
+             AND r.ts BETWEEN l.ts - INTERVAL 1 SECOND AND l.ts + INTERVAL 1 SECOND"
+        );
+        let WatermarkedJoin {
+            lefts,
+            rights,
+            outputs,
+            query: q,
+            checkpoint: _ck,
+        } = WatermarkedJoin::start(&sql).await.unwrap();
+        lefts.push(events(&[10, 11])).unwrap();
+        rights.push(events(&[10, 11])).unwrap();
+        q.process_all_available().await.unwrap();
+        lefts.push(events(&[20])).unwrap();
+        rights.push(events(&[20])).unwrap();
+        q.process_all_available().await.unwrap();
+        let padded = if preserved == "l" {
+            (1, 11, -1)
+        } else {
+            (1, -1, 11)
+        };
+        let mut expected = vec![(0, 10, 10), (0, 20, 20), padded];
+        expected.sort_unstable();
+        assert_eq!(join_rows(&outputs), expected, "{join}");
+        q.stop().await;
+    }
+}
+
 #[tokio::test]
 async fn a_join_that_evicts_equals_the_batch_join_when_rows_share_keys_and_times() {
     // Rows arrive in event-time order (batch b holds times in [3b+3, 3b+6) s), so none is late
