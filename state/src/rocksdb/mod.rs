@@ -537,16 +537,30 @@ impl RocksDbStateStoreProvider {
 
 /// `writes` as a batch in key order: RocksDB's memtable takes sorted inserts much faster.
 fn sorted_batch(writes: Staged) -> WriteBatch {
-    let mut ops: Vec<(Vec<u8>, Option<Vec<u8>>)> = writes.into_iter().collect();
-    ops.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+    // Compared by their first 16 bytes as one integer first: the staged map yields keys in
+    // random order, and sorting a join's 400 k keys with `memcmp` alone was 9 % of q5's time.
+    let mut ops: Vec<(u128, Vec<u8>, Option<Vec<u8>>)> = writes
+        .into_iter()
+        .map(|(k, v)| (key_prefix(&k), k, v))
+        .collect();
+    ops.sort_unstable_by(|a, b| a.0.cmp(&b.0).then_with(|| a.1.cmp(&b.1)));
     let mut batch = WriteBatch::new();
-    for (k, v) in ops {
+    for (_, k, v) in ops {
         match v {
             Some(v) => batch.put(k, v),
             None => batch.delete(k),
         }
     }
     batch
+}
+
+/// The first 16 bytes of `key` (zeros past its end) as a big-endian integer: two keys whose
+/// prefixes differ sort as their prefixes do; equal prefixes leave the order to the whole keys.
+fn key_prefix(key: &[u8]) -> u128 {
+    let mut head = [0u8; 16];
+    let n = key.len().min(16);
+    head[..n].copy_from_slice(&key[..n]);
+    u128::from_be_bytes(head)
 }
 
 /// Keys per RocksDB MultiGet call (see [`RocksDbStateStore::multi_get`]).
@@ -2118,6 +2132,36 @@ mod tests {
             .unwrap()
             .count();
         assert_eq!(left, 0, "no image needs version 1's files");
+    }
+
+    #[test]
+    fn a_commit_writes_its_keys_in_byte_order_whatever_their_lengths() {
+        // Keys that share 16-byte prefixes, end in zero bytes, or are prefixes of each other.
+        let mut seed = 7u64;
+        let mut next = move || {
+            seed = seed
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            (seed >> 33) as usize
+        };
+        let mut staged = Staged::default();
+        let mut keys = vec![];
+        for _ in 0..2000 {
+            let len = next() % 24;
+            let key: Vec<u8> = (0..len)
+                .map(|i| if i < 14 { 0 } else { (next() % 3) as u8 })
+                .collect();
+            staged.insert(key.clone(), (next() % 2 == 0).then(|| b"v".to_vec()));
+            keys.push(key);
+        }
+        keys.sort_unstable();
+        keys.dedup();
+        let written: Vec<Vec<u8>> = sorted_batch(staged)
+            .ops()
+            .iter()
+            .map(|(k, _)| k.clone())
+            .collect();
+        assert_eq!(written, keys);
     }
 
     #[test]
