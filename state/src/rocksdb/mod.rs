@@ -251,8 +251,9 @@ impl RocksDbStateStoreProvider {
             return Ok(Arc::clone(db));
         }
         // Opened without the lock, so that a restart opens its stores in parallel (tens of
-        // milliseconds each). One task opens a store at a time; should two race, RocksDB's own
-        // lock file fails the second, which then takes the first one's instance.
+        // milliseconds each). Only one task opens a given store; were two to race, RocksDB's
+        // lock file would fail the second open, which returns the first's instance if that is
+        // in the map by then and the lock error otherwise.
         let path = self.local_dir.join(Self::rel(id));
         let opened = open_db(&path, &self.shared);
         let mut open = lock()?;
