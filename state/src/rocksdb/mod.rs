@@ -620,12 +620,15 @@ fn open_db(path: &Path, shared: &Shared) -> std::result::Result<DB, rocksdb::Err
     opts.set_log_level(rocksdb::LogLevel::Warn);
     opts.set_max_log_file_size(1 << 20);
     opts.set_keep_log_file_num(2);
-    // Each column family with these options: `DB::open_cf` gives the ones it names RocksDB's
-    // defaults (its own 32 MiB block cache per family and instance, 64 MiB memtables, no bloom
-    // filter), which grew a join's memory by a cache per store whatever the bounds above said.
-    let families = [rocksdb::DEFAULT_COLUMN_FAMILY_NAME, META_CF]
-        .map(|name| rocksdb::ColumnFamilyDescriptor::new(name, opts.clone()));
-    DB::open_cf_descriptors(&opts, path, families)
+    DB::open_cf_descriptors(&opts, path, families(&opts))
+}
+
+/// An instance's column families, each with `opts`: `DB::open_cf` gives the ones it names
+/// RocksDB's defaults (its own 32 MiB block cache per family and instance, 64 MiB memtables, no
+/// bloom filter), which grew a join's memory by a cache per store whatever the bounds said.
+fn families(opts: &Options) -> [rocksdb::ColumnFamilyDescriptor; 2] {
+    [rocksdb::DEFAULT_COLUMN_FAMILY_NAME, META_CF]
+        .map(|name| rocksdb::ColumnFamilyDescriptor::new(name, opts.clone()))
 }
 
 fn backend(id: &StoreId, e: impl std::fmt::Display) -> Error {

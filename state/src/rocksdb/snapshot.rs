@@ -217,9 +217,7 @@ fn write_image(staging: &Path, id: &StoreId, version: u64, out: &Path) -> Result
     table.disable_cache();
     let mut opts = Options::default();
     opts.set_block_based_table_factory(&table);
-    let families = [rocksdb::DEFAULT_COLUMN_FAMILY_NAME, META_CF]
-        .map(|name| rocksdb::ColumnFamilyDescriptor::new(name, opts.clone()));
-    let db = DB::open_cf_descriptors_read_only(&opts, staging, families, false)
+    let db = DB::open_cf_descriptors_read_only(&opts, staging, super::families(&opts), false)
         .map_err(|e| backend(id, e))?;
     let meta = |key: &[u8]| -> Result<Option<Vec<u8>>> {
         let cf = db
