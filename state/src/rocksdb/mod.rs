@@ -66,8 +66,10 @@ pub struct RocksDbConfig {
     /// And once this long has passed since the last one, or since the store was first opened
     /// in this process (default 60 s, Spark's `stateStore.maintenanceInterval`: Spark uploads
     /// snapshots from a maintenance task that runs this often). A snapshot writes the whole
-    /// state; this bounds how often a store pays for it however short its batches are. Zero:
-    /// every `snapshot_interval` versions.
+    /// state; this bounds how often a store pays for it however short its batches are, unless
+    /// the writes since the last snapshot reach [`SNAPSHOT_WRITES_PER_KEY`] times the store's
+    /// keys (a rebuild would replay more than the snapshot holds). Zero: every
+    /// `snapshot_interval` versions.
     pub snapshot_min_interval: Duration,
     /// Asynchronous checkpointing: a commit hands the version to the background and returns;
     /// the background writes its changelog to the checkpoint, applies it to the local instance
@@ -143,12 +145,22 @@ struct Background {
 }
 
 /// When a store's next snapshot is due: `interval` versions after its last one and not before
-/// `not_before` (see [`RocksDbConfig::snapshot_min_interval`]).
+/// `not_before` (see [`RocksDbConfig::snapshot_min_interval`]), unless replaying the versions
+/// since would cost more than loading it (`writes`).
 #[derive(Debug, Clone, Copy)]
 struct SnapshotClock {
     last: u64,
     not_before: Instant,
+    /// Writes committed in this process since the last snapshot.
+    writes: u64,
 }
+
+/// A store snapshots before `snapshot_min_interval` has passed once the writes committed since
+/// its last snapshot are this many times its keys: a rebuild would otherwise replay that many
+/// writes per key the snapshot would load. State that only grows (every write a new key) never
+/// gets there; state whose rows come and go (a join's, evicted by the watermark) does within a
+/// few versions.
+const SNAPSHOT_WRITES_PER_KEY: u64 = 2;
 
 type Uploads = Arc<Mutex<Background>>;
 
@@ -527,7 +539,7 @@ impl RocksDbStateStoreProvider {
             })?;
             held += changelog.held_bytes();
             chunk.push(changelog);
-            if held < REPLAY_CHUNK_BYTES && version < to {
+            if held < REPLAY_CHUNK_BYTES && chunk.len() < REPLAY_CHUNK_CHANGELOGS && version < to {
                 continue;
             }
             {
@@ -586,44 +598,45 @@ fn is_empty(db: &DB) -> std::result::Result<bool, rocksdb::Error> {
 /// delete).
 type OpRef<'a> = (&'a [u8], Option<&'a [u8]>);
 
-/// A write being merged: its key's first 8 bytes as a big-endian integer (zeros past its end),
-/// which order most pairs of keys without reading them, and where the write is: its
-/// changelog's place in the chunk and its offset there. 24 bytes, where the write's key and
-/// value slices and a 16-byte prefix took 48: a replay holds one per write of its chunk.
+/// A write being merged: its key's first 16 bytes as a big-endian integer (zeros past its end),
+/// which order most pairs of keys without reading them (see [`key_prefix`]), and where the
+/// write is: its changelog's place in the chunk (the top 16 bits) and its offset there. 24
+/// bytes, where the write's key and value slices and the prefix took 48: a replay holds one
+/// per write of its chunk.
 #[derive(Clone, Copy)]
 struct MergeOp {
-    head: u64,
-    changelog: u32,
-    at: usize,
+    head: [u64; 2],
+    at: u64,
 }
 
 impl MergeOp {
+    const OFFSET_BITS: u32 = 48;
+
+    fn new(key: &[u8], changelog: usize, at: usize) -> Self {
+        let prefix = key_prefix(key);
+        Self {
+            head: [(prefix >> 64) as u64, prefix as u64],
+            at: ((changelog as u64) << Self::OFFSET_BITS) | at as u64,
+        }
+    }
+
     fn write<'a>(&self, changelogs: &'a [Changelog]) -> OpRef<'a> {
-        let c = &changelogs[self.changelog as usize];
+        let c = &changelogs[(self.at >> Self::OFFSET_BITS) as usize];
+        let at = (self.at & ((1 << Self::OFFSET_BITS) - 1)) as usize;
         // Checked when the changelog was decoded.
-        Changelog::op_at(&c.raw, self.at).map_or((&[][..], None), |(op, _)| op)
+        Changelog::op_at(&c.raw, at).map_or((&[][..], None), |(op, _)| op)
     }
 }
 
-fn key_head(key: &[u8]) -> u64 {
-    let mut head = [0u8; 8];
-    let n = key.len().min(8);
-    head[..n].copy_from_slice(&key[..n]);
-    u64::from_be_bytes(head)
-}
+/// The most changelogs a replay merges at once: [`MergeOp`] has 16 bits for their place.
+const REPLAY_CHUNK_CHANGELOGS: usize = 1 << (64 - MergeOp::OFFSET_BITS);
 
 /// The newest write of each key in `changelogs` (oldest first), in key order, leaving out the
 /// deletes of keys nothing `below` can hold.
 fn merge_changelogs(changelogs: &[Changelog], below: &Below) -> Vec<MergeOp> {
     let mut ops: Vec<MergeOp> = Vec::with_capacity(changelogs.iter().map(|c| c.ops).sum());
     for (i, c) in changelogs.iter().enumerate() {
-        c.for_each_op(|at, k, _| {
-            ops.push(MergeOp {
-                head: key_head(k),
-                changelog: i as u32,
-                at,
-            })
-        });
+        c.for_each_op(|at, k, _| ops.push(MergeOp::new(k, i, at)));
     }
     let key = |m: &MergeOp| m.write(changelogs).0;
     // A stable sort keeps each key's writes in version order, the newest last. Every changelog
@@ -669,7 +682,12 @@ impl Changelog {
             if crc32fast::hash(body) != u32::from_le_bytes(sum.try_into().ok()?) {
                 return None;
             }
-            let raw = zstd::stream::decode_all(body.strip_prefix(CHANGELOG_MAGIC)?).ok()?;
+            let frame = body.strip_prefix(CHANGELOG_MAGIC)?;
+            let raw = match zstd::zstd_safe::get_frame_content_size(frame) {
+                Ok(Some(n)) => zstd::bulk::decompress(frame, usize::try_from(n).ok()?).ok()?,
+                // Written before changelogs said their size (2026-12-07).
+                _ => zstd::stream::decode_all(frame).ok()?,
+            };
             let num_keys = u64::from_le_bytes(raw.get(..8)?.try_into().ok()?);
             (raw, 8, Some(num_keys))
         };
@@ -1014,7 +1032,15 @@ fn encode_changelog_into<W: std::io::Write>(
 ) -> std::io::Result<(Crc32Writer<W>, [u8; 8])> {
     use std::io::Write;
     out.write_all(CHANGELOG_MAGIC)?;
-    let encoder = zstd::stream::write::Encoder::new(out, CHANGELOG_ZSTD_LEVEL)?;
+    let mut encoder = zstd::stream::write::Encoder::new(out, CHANGELOG_ZSTD_LEVEL)?;
+    // The frame says how large it decodes to, so that a replay decodes it into a buffer of that
+    // size rather than one doubling as it fills.
+    let size: usize = batch
+        .ops()
+        .iter()
+        .map(|(k, v)| 5 + k.len() + v.as_ref().map_or(0, |v| 4 + v.len()))
+        .sum();
+    encoder.set_pledged_src_size(Some(8 + size as u64))?;
     let mut w = std::io::BufWriter::with_capacity(1 << 16, encoder);
     w.write_all(&num_keys.to_le_bytes())?;
     for (k, v) in batch.ops() {
@@ -1228,6 +1254,7 @@ impl StateStoreProvider for RocksDbStateStoreProvider {
                     .rfind(|&s| s <= version)
                     .unwrap_or(0),
                 not_before: Instant::now() + self.shared.config.snapshot_min_interval,
+                writes: 0,
             });
         // Except after replaying at least `snapshot_interval` changelogs since the last
         // snapshot: the next commit snapshots whatever the clock says, so that the next process
@@ -1366,10 +1393,11 @@ fn merge_sorted<'a>(
 }
 
 impl RocksDbStateStore {
-    /// Whether committing `next` takes a snapshot: `snapshot_interval` versions since the last
-    /// one and `snapshot_min_interval` since it (or since the store was first opened). If so,
-    /// the snapshot is counted as taken now.
-    fn snapshot_due(&self, next: u64) -> Result<bool> {
+    /// Whether committing `next` (`writes` writes, leaving `num_keys` keys) takes a snapshot:
+    /// `snapshot_interval` versions since the last one, and `snapshot_min_interval` since it
+    /// (or since the store was first opened) or [`SNAPSHOT_WRITES_PER_KEY`] writes per key
+    /// since it. If so, the snapshot is counted as taken now.
+    fn snapshot_due(&self, next: u64, writes: u64, num_keys: u64) -> Result<bool> {
         if self.snapshot_interval == 0 {
             return Ok(false);
         }
@@ -1383,12 +1411,16 @@ impl RocksDbStateStore {
             .get_mut(&self.id)
             .ok_or_else(|| backend(&self.id, "the store's snapshot clock is missing"))?;
         let now = Instant::now();
-        let due =
-            next.saturating_sub(clock.last) >= self.snapshot_interval && now >= clock.not_before;
+        clock.writes = clock.writes.saturating_add(writes);
+        let replay_outweighs =
+            clock.writes >= SNAPSHOT_WRITES_PER_KEY.saturating_mul(num_keys.max(1));
+        let due = next.saturating_sub(clock.last) >= self.snapshot_interval
+            && (now >= clock.not_before || replay_outweighs);
         if due {
             *clock = SnapshotClock {
                 last: next,
                 not_before: now + self.snapshot_min_interval,
+                writes: 0,
             };
         }
         Ok(due)
@@ -1515,7 +1547,6 @@ impl StateStore for RocksDbStateStore {
         } else {
             self.key_delta = Some(0);
         }
-        let snapshot_due = self.snapshot_due(next)?;
         // At most one upload in flight per store: wait for the last one (its failure is this
         // commit's; with async checkpointing the instance is then at this store's version) and
         // report the snapshot it copied, then run the purges asked for meanwhile.
@@ -1529,11 +1560,12 @@ impl StateStore for RocksDbStateStore {
         if let Some(below) = purge {
             snapshot::purge(&self.changelog_dir, below).map_err(|e| backend(&self.id, e))?;
         }
+        let num_keys = count_keys(&self.db, &self.id, &batch)?;
+        let snapshot_due = self.snapshot_due(next, batch.ops().len() as u64, num_keys)?;
         let upload = if self.asynchronous {
             // Leave writing the version to the local instance, its changelog and any snapshot
             // to the background. Readers of the new version read its writes from the overlay
             // until then.
-            let num_keys = count_keys(&self.db, &self.id, &batch)?;
             let pending = Arc::new(Pending { batch, num_keys });
             let handle = {
                 let (id, dir) = (self.id.clone(), self.changelog_dir.clone());
@@ -1558,7 +1590,6 @@ impl StateStore for RocksDbStateStore {
                 handle,
             })
         } else {
-            let num_keys = count_keys(&self.db, &self.id, &batch)?;
             persist(
                 &self.db,
                 &self.id,
@@ -2086,6 +2117,22 @@ mod tests {
         assert_eq!(snapshot::list(&store_dir), vec![15, 17]);
     }
 
+    /// Within the interval, a store whose rows come and go snapshots once the writes since its
+    /// last snapshot are twice its keys (what a rebuild would otherwise replay); a store whose
+    /// every write adds a key does not (above: insert-only versions, no snapshot in the hour).
+    #[test]
+    fn a_store_whose_rows_come_and_go_snapshots_before_the_interval() {
+        let dir = tempfile::tempdir().unwrap();
+        let id = StoreId::new(0, 0, "default");
+        let store_dir = dir.path().join("checkpoint/0/0/default");
+        let p = clocked(&dir, "local-a", 2, Duration::from_secs(3600));
+        // Versions 1-3 put 4 keys and delete one never put (5 writes), later ones also delete
+        // 4 (9 writes); 12 keys from version 3: 24 writes at versions 4, 7, 10.
+        write_join_like_versions(&p, &id, 12);
+        drop(p);
+        assert_eq!(snapshot::list(&store_dir), vec![4, 7, 10]);
+    }
+
     /// An instance behind the newest snapshot (an empty one on a new machine) starts from the
     /// snapshot, not from every changelog since its own version, even while those are kept.
     #[test]
@@ -2535,7 +2582,7 @@ mod tests {
         b.put(Vec::new(), b"xyz".to_vec());
         let bytes = encode_changelog(&b, 7).unwrap();
         assert!(bytes.starts_with(CHANGELOG_MAGIC));
-        assert_eq!(decode_changelog(&bytes), Some((b, Some(7))));
+        assert_eq!(decode_changelog(&bytes), Some((b.clone(), Some(7))));
         for cut in 0..bytes.len() {
             assert_eq!(decode_changelog(&bytes[..cut]), None, "cut at {cut}");
         }
@@ -2543,6 +2590,23 @@ mod tests {
         let mid = garbled.len() / 2;
         garbled[mid] ^= 0x40;
         assert_eq!(decode_changelog(&garbled), None);
+
+        // The frame says its decoded size; one written before it did still decodes.
+        let frame = &bytes[CHANGELOG_MAGIC.len()..bytes.len() - 4];
+        let raw = zstd::stream::decode_all(frame).unwrap();
+        assert_eq!(
+            zstd::zstd_safe::get_frame_content_size(frame).ok(),
+            Some(Some(raw.len() as u64))
+        );
+        let mut unsized_ = CHANGELOG_MAGIC.to_vec();
+        unsized_.extend(zstd::stream::encode_all(&raw[..], 1).unwrap());
+        assert_eq!(
+            zstd::zstd_safe::get_frame_content_size(&unsized_[CHANGELOG_MAGIC.len()..]).ok(),
+            Some(None)
+        );
+        let crc = crc32fast::hash(&unsized_);
+        unsized_.extend(crc.to_le_bytes());
+        assert_eq!(decode_changelog(&unsized_), Some((b, Some(7))));
     }
 
     #[test]
