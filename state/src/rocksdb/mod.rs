@@ -66,10 +66,8 @@ pub struct RocksDbConfig {
     /// And once this long has passed since the last one, or since the store was first opened
     /// in this process (default 60 s, Spark's `stateStore.maintenanceInterval`: Spark uploads
     /// snapshots from a maintenance task that runs this often). A snapshot writes the whole
-    /// state; this bounds how often a store pays for it however short its batches are, unless
-    /// the writes since the last snapshot reach [`SNAPSHOT_WRITES_PER_KEY`] times the store's
-    /// keys (a rebuild would replay more than the snapshot holds). Zero: every
-    /// `snapshot_interval` versions.
+    /// state; this bounds how often a store pays for it however short its batches are. Zero:
+    /// every `snapshot_interval` versions.
     pub snapshot_min_interval: Duration,
     /// Asynchronous checkpointing: a commit hands the version to the background and returns;
     /// the background writes its changelog to the checkpoint, applies it to the local instance
@@ -145,22 +143,12 @@ struct Background {
 }
 
 /// When a store's next snapshot is due: `interval` versions after its last one and not before
-/// `not_before` (see [`RocksDbConfig::snapshot_min_interval`]), unless replaying the versions
-/// since would cost more than loading it (`writes`).
+/// `not_before` (see [`RocksDbConfig::snapshot_min_interval`]).
 #[derive(Debug, Clone, Copy)]
 struct SnapshotClock {
     last: u64,
     not_before: Instant,
-    /// Writes committed in this process since the last snapshot.
-    writes: u64,
 }
-
-/// A store snapshots before `snapshot_min_interval` has passed once the writes committed since
-/// its last snapshot are this many times its keys: a rebuild would otherwise replay that many
-/// writes per key the snapshot would load. State that only grows (every write a new key) never
-/// gets there; state whose rows come and go (a join's, evicted by the watermark) does within a
-/// few versions.
-const SNAPSHOT_WRITES_PER_KEY: u64 = 2;
 
 type Uploads = Arc<Mutex<Background>>;
 
@@ -1254,7 +1242,6 @@ impl StateStoreProvider for RocksDbStateStoreProvider {
                     .rfind(|&s| s <= version)
                     .unwrap_or(0),
                 not_before: Instant::now() + self.shared.config.snapshot_min_interval,
-                writes: 0,
             });
         // Except after replaying at least `snapshot_interval` changelogs since the last
         // snapshot: the next commit snapshots whatever the clock says, so that the next process
@@ -1393,11 +1380,10 @@ fn merge_sorted<'a>(
 }
 
 impl RocksDbStateStore {
-    /// Whether committing `next` (`writes` writes, leaving `num_keys` keys) takes a snapshot:
-    /// `snapshot_interval` versions since the last one, and `snapshot_min_interval` since it
-    /// (or since the store was first opened) or [`SNAPSHOT_WRITES_PER_KEY`] writes per key
-    /// since it. If so, the snapshot is counted as taken now.
-    fn snapshot_due(&self, next: u64, writes: u64, num_keys: u64) -> Result<bool> {
+    /// Whether committing `next` takes a snapshot: `snapshot_interval` versions since the last
+    /// one and `snapshot_min_interval` since it (or since the store was first opened). If so,
+    /// the snapshot is counted as taken now.
+    fn snapshot_due(&self, next: u64) -> Result<bool> {
         if self.snapshot_interval == 0 {
             return Ok(false);
         }
@@ -1411,16 +1397,12 @@ impl RocksDbStateStore {
             .get_mut(&self.id)
             .ok_or_else(|| backend(&self.id, "the store's snapshot clock is missing"))?;
         let now = Instant::now();
-        clock.writes = clock.writes.saturating_add(writes);
-        let replay_outweighs =
-            clock.writes >= SNAPSHOT_WRITES_PER_KEY.saturating_mul(num_keys.max(1));
-        let due = next.saturating_sub(clock.last) >= self.snapshot_interval
-            && (now >= clock.not_before || replay_outweighs);
+        let due =
+            next.saturating_sub(clock.last) >= self.snapshot_interval && now >= clock.not_before;
         if due {
             *clock = SnapshotClock {
                 last: next,
                 not_before: now + self.snapshot_min_interval,
-                writes: 0,
             };
         }
         Ok(due)
@@ -1561,7 +1543,7 @@ impl StateStore for RocksDbStateStore {
             snapshot::purge(&self.changelog_dir, below).map_err(|e| backend(&self.id, e))?;
         }
         let num_keys = count_keys(&self.db, &self.id, &batch)?;
-        let snapshot_due = self.snapshot_due(next, batch.ops().len() as u64, num_keys)?;
+        let snapshot_due = self.snapshot_due(next)?;
         let upload = if self.asynchronous {
             // Leave writing the version to the local instance, its changelog and any snapshot
             // to the background. Readers of the new version read its writes from the overlay
@@ -2115,22 +2097,6 @@ mod tests {
         write_version(&p, &id, 16);
         drop(p);
         assert_eq!(snapshot::list(&store_dir), vec![15, 17]);
-    }
-
-    /// Within the interval, a store whose rows come and go snapshots once the writes since its
-    /// last snapshot are twice its keys (what a rebuild would otherwise replay); a store whose
-    /// every write adds a key does not (above: insert-only versions, no snapshot in the hour).
-    #[test]
-    fn a_store_whose_rows_come_and_go_snapshots_before_the_interval() {
-        let dir = tempfile::tempdir().unwrap();
-        let id = StoreId::new(0, 0, "default");
-        let store_dir = dir.path().join("checkpoint/0/0/default");
-        let p = clocked(&dir, "local-a", 2, Duration::from_secs(3600));
-        // Versions 1-3 put 4 keys and delete one never put (5 writes), later ones also delete
-        // 4 (9 writes); 12 keys from version 3: 24 writes at versions 4, 7, 10.
-        write_join_like_versions(&p, &id, 12);
-        drop(p);
-        assert_eq!(snapshot::list(&store_dir), vec![4, 7, 10]);
     }
 
     /// An instance behind the newest snapshot (an empty one on a new machine) starts from the
