@@ -540,8 +540,14 @@ impl RocksDbStateStoreProvider {
                     None => count_keys_after(db, id, ops().map(|(k, v)| (k, v.is_some())))?,
                 };
                 write_counted(db, id, ops(), version, num_keys, trailer(&bytes))?;
-                if let Below::Replayed(left) = &mut below {
+                if let Below::Replayed(left) = &mut below
+                    && version < to
+                {
                     left.extend(ops().filter(|(_, v)| v.is_some()).map(|(k, _)| key_hash(k)));
+                    if left.len() > REPLAY_TRACKED_KEYS {
+                        // Past this, keeping every delete costs less than tracking the keys.
+                        below = Below::Unknown;
+                    }
                 }
             }
             chunk.clear();
@@ -550,6 +556,9 @@ impl RocksDbStateStoreProvider {
         Ok(())
     }
 }
+
+/// The most keys a replay tracks to leave out later chunks' deletes (~16 bytes each).
+const REPLAY_TRACKED_KEYS: usize = if cfg!(test) { 64 } else { 4 << 20 };
 
 /// What lies under a replay's next chunk of changelogs.
 enum Below {
