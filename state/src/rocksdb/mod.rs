@@ -32,7 +32,8 @@ use crate::{Error, Result};
 
 const META_CF: &str = "weir_meta";
 const VERSION_KEY: &[u8] = b"version";
-/// The number of keys at the local instance's version, kept exact by [`count_keys`].
+/// The number of keys at the local instance's version, kept exact: a changelog's count, or
+/// [`count_keys`].
 const NUM_KEYS_KEY: &[u8] = b"num_keys";
 /// The last 8 bytes (the checksum) of the changelog of the local instance's version: a reused
 /// instance is trusted only when the checkpoint's changelog of its version still ends so.
@@ -177,6 +178,8 @@ pub struct RocksDbStateStoreProvider {
     shared: Shared,
     open: Mutex<HashMap<StoreId, Arc<DB>>>,
     uploads: Uploads,
+    /// Replays in progress: they share [`REPLAY_BUDGET_BYTES`].
+    replaying: Arc<std::sync::atomic::AtomicUsize>,
 }
 
 impl Drop for RocksDbStateStoreProvider {
@@ -224,6 +227,7 @@ impl RocksDbStateStoreProvider {
             },
             open: Mutex::new(HashMap::new()),
             uploads: Arc::default(),
+            replaying: Arc::default(),
         }
     }
 
@@ -496,15 +500,32 @@ impl RocksDbStateStoreProvider {
     }
 
     /// Brings the local instance `db` from version `from - 1` to `to` with the checkpoint's
-    /// changelogs. Their writes are merged first (the newest per key), up to
-    /// [`REPLAY_CHUNK_BYTES`] of changelogs at a time, and each merge written at once in key
-    /// order: a row a later version deletes is never inserted, and RocksDB takes one sorted
-    /// batch instead of one per version. Where nothing lies under the merged writes (an empty
-    /// instance, or keys no earlier chunk left), a delete has nothing to remove and is not
-    /// written: a rebuild leaves no tombstone for every row the watermark ever evicted.
+    /// changelogs. Their writes are merged first (the newest per key), a chunk of changelogs
+    /// at a time (this replay's share of [`REPLAY_BUDGET_BYTES`]), and each merge written at
+    /// once in key order: a row a later version deletes is never inserted, and RocksDB takes
+    /// one sorted batch instead of one per version. Where nothing lies under the merged writes
+    /// (an empty instance, and keys no earlier chunk put, up to [`REPLAY_TRACKED_KEYS`] of
+    /// them), a delete has nothing to remove and is not written: a rebuild leaves no tombstone
+    /// for every row the watermark ever evicted.
     fn replay(&self, id: &StoreId, db: &DB, from: u64, to: u64) -> Result<()> {
-        // The keys the replay has left in an instance that was empty (hashes): a later
-        // chunk's delete of any other key is left out.
+        use std::sync::atomic::Ordering;
+        struct Replaying<'a>(&'a std::sync::atomic::AtomicUsize);
+        impl Drop for Replaying<'_> {
+            fn drop(&mut self) {
+                self.0.fetch_sub(1, Ordering::Relaxed);
+            }
+        }
+        self.replaying.fetch_add(1, Ordering::Relaxed);
+        let replaying = Replaying(&self.replaying);
+        // This replay's share of the budget, as many replays run now (a restart replays its
+        // stores in parallel).
+        let chunk_bytes = || {
+            (REPLAY_BUDGET_BYTES / replaying.0.load(Ordering::Relaxed).max(1))
+                .max(REPLAY_BUDGET_BYTES / 8)
+        };
+        // The keys the replay has put into an instance that was empty (hashes, never removed:
+        // a collision then only keeps a delete): a later chunk's delete of any other key is
+        // left out.
         let mut below = if is_empty(db).map_err(|e| backend(id, e))? {
             Below::Replayed(HashSet::default())
         } else {
@@ -527,7 +548,7 @@ impl RocksDbStateStoreProvider {
             })?;
             held += changelog.held_bytes();
             chunk.push(changelog);
-            if held < REPLAY_CHUNK_BYTES && chunk.len() < REPLAY_CHUNK_CHANGELOGS && version < to {
+            if held < chunk_bytes() && chunk.len() < REPLAY_CHUNK_CHANGELOGS && version < to {
                 continue;
             }
             {
@@ -540,13 +561,16 @@ impl RocksDbStateStoreProvider {
                     None => count_keys_after(db, id, ops().map(|(k, v)| (k, v.is_some())))?,
                 };
                 write_counted(db, id, ops(), version, num_keys, trailer(&bytes))?;
-                if let Below::Replayed(left) = &mut below
+                if let Below::Replayed(put) = &mut below
                     && version < to
                 {
-                    left.extend(ops().filter(|(_, v)| v.is_some()).map(|(k, _)| key_hash(k)));
-                    if left.len() > REPLAY_TRACKED_KEYS {
+                    let puts = ops().filter(|(_, v)| v.is_some()).count();
+                    if put.len() + puts > REPLAY_TRACKED_KEYS {
                         // Past this, keeping every delete costs less than tracking the keys.
                         below = Below::Unknown;
+                    } else {
+                        put.reserve(puts);
+                        put.extend(ops().filter(|(_, v)| v.is_some()).map(|(k, _)| key_hash(k)));
                     }
                 }
             }
@@ -557,12 +581,14 @@ impl RocksDbStateStoreProvider {
     }
 }
 
-/// The most keys a replay tracks to leave out later chunks' deletes (~16 bytes each).
+/// The most keys a replay tracks to leave out later chunks' deletes (~18 bytes each); past it,
+/// every delete is written.
 const REPLAY_TRACKED_KEYS: usize = if cfg!(test) { 64 } else { 4 << 20 };
 
 /// What lies under a replay's next chunk of changelogs.
 enum Below {
-    /// Only what the replay wrote into an empty instance: the hashes of the keys it put.
+    /// Only what the replay wrote into an empty instance: the hashes of the keys it put (deleted
+    /// since or not).
     Replayed(HashSet<u64, foldhash::fast::FixedState>),
     /// An instance's entries (a snapshot's, or its own).
     Unknown,
@@ -610,6 +636,8 @@ impl MergeOp {
     const OFFSET_BITS: u32 = 48;
 
     fn new(key: &[u8], changelog: usize, at: usize) -> Self {
+        // `Changelog::decode` and `REPLAY_CHUNK_CHANGELOGS` keep both in their bits.
+        debug_assert!((at as u64) < 1 << Self::OFFSET_BITS && changelog < REPLAY_CHUNK_CHANGELOGS);
         let prefix = key_prefix(key);
         Self {
             head: [(prefix >> 64) as u64, prefix as u64],
@@ -680,11 +708,28 @@ impl Changelog {
                 return None;
             }
             let frame = body.strip_prefix(CHANGELOG_MAGIC)?;
-            let raw = match zstd::zstd_safe::get_frame_content_size(frame) {
-                Ok(Some(n)) => zstd::bulk::decompress(frame, usize::try_from(n).ok()?).ok()?,
-                // Written before changelogs said their size (2026-12-07).
+            // One frame, whose header says its decoded size (since 2026-12-07): decoded into a
+            // buffer of that size, reserved fallibly (a damaged header is an error, not an
+            // abort) and only when the frame could plausibly hold that much.
+            let stated = zstd::zstd_safe::get_frame_content_size(frame)
+                .ok()
+                .flatten();
+            let raw = match stated.and_then(|n| usize::try_from(n).ok()) {
+                Some(n) if n <= frame.len().saturating_mul(MAX_CHANGELOG_RATIO) => {
+                    let mut raw = Vec::new();
+                    raw.try_reserve_exact(n).ok()?;
+                    zstd::bulk::Decompressor::new()
+                        .ok()?
+                        .decompress_to_buffer(frame, &mut raw)
+                        .ok()?;
+                    (raw.len() == n).then_some(raw)?
+                }
                 _ => zstd::stream::decode_all(frame).ok()?,
             };
+            // Offsets into it must fit a [`MergeOp`].
+            if raw.len() as u64 >= 1 << MergeOp::OFFSET_BITS {
+                return None;
+            }
             let num_keys = u64::from_le_bytes(raw.get(..8)?.try_into().ok()?);
             (raw, 8, Some(num_keys))
         };
@@ -783,13 +828,19 @@ fn key_prefix(key: &[u8]) -> u128 {
 /// Keys per RocksDB MultiGet call (see [`RocksDbStateStore::multi_get`]).
 const MULTI_GET_CHUNK: usize = 4096;
 
-/// About how many bytes of changelogs [`RocksDbStateStoreProvider::replay`] merges before
-/// writing them: their decoded bytes plus a [`MergeOp`] per write (a join side's 23
-/// changelogs of 100 k writes each, as q5 at 100 k rows per batch leaves between snapshots,
-/// are ~140 MiB).
-/// Tests replay in chunks of a few versions, so that they cover a replay written in several
-/// chunks.
-const REPLAY_CHUNK_BYTES: usize = if cfg!(test) { 4 << 10 } else { 256 << 20 };
+/// About how many bytes of changelogs the replays in progress merge before writing them: their
+/// decoded bytes plus a [`MergeOp`] per write, shared evenly among the replays running at once
+/// (each gets at least an eighth); a chunk ends with the changelog that reaches its share. A
+/// join side's 23 changelogs of 100 k writes each, as q5 at 100 k rows per batch leaves between
+/// snapshots, are ~140 MiB: with two replays at once, one chunk each. On top of a chunk, a
+/// replay holds the sort's scratch (half the references at most), the sorted batch it writes
+/// (the kept writes) and the tracked keys. Tests replay in chunks of a few versions, so that
+/// they cover a replay written in several chunks.
+const REPLAY_BUDGET_BYTES: usize = if cfg!(test) { 4 << 10 } else { 512 << 20 };
+
+/// The most a changelog's zstd frame may say it decodes to, per byte of the frame, for the
+/// decoder to reserve that much up front (a header saying more is decoded as it comes).
+const MAX_CHANGELOG_RATIO: usize = 1 << 12;
 
 /// Reads every entry of every column family of `db` once, checking RocksDB's block checksums.
 fn verify_all(db: &DB) -> std::result::Result<(), rocksdb::Error> {
@@ -2483,10 +2534,10 @@ mod tests {
     /// A join-like history: each version puts four rows, deletes those of three versions before
     /// and a key that was never put.
     fn write_join_like_versions(p: &RocksDbStateStoreProvider, id: &StoreId, to: u64) {
-        // Half the keys share their first 8 bytes, so that only whole keys order them.
+        // Half the keys share their first 16 bytes, so that only whole keys order them.
         let row = |v: u64, i: u64| {
             let head: &[u8] = if i.is_multiple_of(2) {
-                b"shared:-"
+                b"shared-16-bytes:"
             } else {
                 b""
             };
@@ -2536,7 +2587,10 @@ mod tests {
         // 108 rows deleted, 30 deletes of a key never put: only the deletes of rows an earlier
         // chunk put are written, fewer than half of them.
         let deletes = memtable_deletes(&elsewhere.db(&id).unwrap());
-        assert!(deletes < 108 / 2, "{deletes} deletes written");
+        assert!(
+            0 < deletes && deletes < 108 / 2,
+            "{deletes} deletes written"
+        );
         drop(s);
 
         // Caught up from an instance that holds rows: every delete counts.
@@ -2582,6 +2636,15 @@ mod tests {
         let crc = crc32fast::hash(&unsized_);
         unsized_.extend(crc.to_le_bytes());
         assert_eq!(decode_changelog(&unsized_), Some((b, Some(7))));
+
+        // Operations cut short inside a frame whose CRC holds (a faulty writer): refused.
+        for cut in [raw.len() - 1, raw.len() - 3, 9] {
+            let mut bytes = CHANGELOG_MAGIC.to_vec();
+            bytes.extend(zstd::stream::encode_all(&raw[..cut], 1).unwrap());
+            let crc = crc32fast::hash(&bytes);
+            bytes.extend(crc.to_le_bytes());
+            assert_eq!(decode_changelog(&bytes), None, "cut at {cut}");
+        }
     }
 
     #[test]
