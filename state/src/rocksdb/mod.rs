@@ -726,13 +726,13 @@ impl Changelog {
                 }
                 _ => zstd::stream::decode_all(frame).ok()?,
             };
-            // Offsets into it must fit a [`MergeOp`].
-            if raw.len() as u64 >= 1 << MergeOp::OFFSET_BITS {
-                return None;
-            }
             let num_keys = u64::from_le_bytes(raw.get(..8)?.try_into().ok()?);
             (raw, 8, Some(num_keys))
         };
+        // Offsets into it must fit a [`MergeOp`].
+        if raw.len() as u64 >= 1 << MergeOp::OFFSET_BITS {
+            return None;
+        }
         let mut changelog = Self {
             raw,
             start,
@@ -932,11 +932,7 @@ fn count_keys(db: &DB, id: &StoreId, batch: &WriteBatch) -> Result<u64> {
     match batch.key_delta() {
         // The writer counted.
         Some(d) => Ok(meta_u64(db, id, NUM_KEYS_KEY)?.saturating_add_signed(d)),
-        None => count_keys_after(
-            db,
-            id,
-            batch.ops().iter().map(|(k, v)| (k.as_slice(), v.is_some())),
-        ),
+        None => count_keys_after(db, id, op_refs(batch).map(|(k, v)| (k, v.is_some()))),
     }
 }
 
