@@ -138,9 +138,9 @@ impl StateStore for MemoryStateStore {
             return Ok(());
         }
         let state = Arc::make_mut(&mut self.state);
-        for (k, v) in batch.ops() {
+        for (k, v) in batch.iter() {
             match v {
-                Some(v) => state.insert(k.clone(), v.clone()),
+                Some(v) => state.insert(k.to_vec(), v.to_vec()),
                 None => state.remove(k),
             };
         }

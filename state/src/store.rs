@@ -33,12 +33,28 @@ impl fmt::Display for StoreId {
     }
 }
 
-/// The changes of one micro-batch to one store, applied together.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+/// The changes of one micro-batch to one store, applied together. Keys and values lie end to
+/// end in one buffer: a batch of a join's hundreds of thousands of writes is a few
+/// allocations, not two per write (which, with the copies a store made of them, were much of a
+/// join's peak memory and allocator time, issue 21).
+#[derive(Clone, Default, PartialEq, Eq)]
 pub struct WriteBatch {
-    ops: Vec<(Vec<u8>, Option<Vec<u8>>)>,
+    bytes: Vec<u8>,
+    ops: Vec<Op>,
     key_delta: Option<i64>,
 }
+
+/// Where one operation's key and value lie in [`WriteBatch::bytes`]: the key at
+/// `start..key_end`, the value at `key_end..value_end`; a delete's `value_end` is [`DELETE`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Op {
+    start: usize,
+    key_end: usize,
+    value_end: usize,
+}
+
+/// An [`Op`]'s `value_end` when it deletes: no buffer is that long.
+const DELETE: usize = usize::MAX;
 
 impl WriteBatch {
     /// An empty batch.
@@ -46,24 +62,79 @@ impl WriteBatch {
         Self::default()
     }
 
+    /// An empty batch with room for `ops` operations of `bytes` key and value bytes in all.
+    pub fn with_capacity(ops: usize, bytes: usize) -> Self {
+        Self {
+            bytes: Vec::with_capacity(bytes),
+            ops: Vec::with_capacity(ops),
+            key_delta: None,
+        }
+    }
+
     /// Sets `key` to `value`.
-    pub fn put(&mut self, key: impl Into<Vec<u8>>, value: impl Into<Vec<u8>>) {
-        self.ops.push((key.into(), Some(value.into())));
+    pub fn put(&mut self, key: impl AsRef<[u8]>, value: impl AsRef<[u8]>) {
+        self.put_parts(&[key.as_ref()], &[value.as_ref()]);
+    }
+
+    /// Sets the key made of `key`'s parts end to end to the value made of `value`'s: a key or
+    /// value built from pieces is written without first being put together elsewhere.
+    pub fn put_parts(&mut self, key: &[&[u8]], value: &[&[u8]]) {
+        let start = self.bytes.len();
+        key.iter().for_each(|p| self.bytes.extend_from_slice(p));
+        let key_end = self.bytes.len();
+        value.iter().for_each(|p| self.bytes.extend_from_slice(p));
+        self.ops.push(Op {
+            start,
+            key_end,
+            value_end: self.bytes.len(),
+        });
     }
 
     /// Removes `key`.
-    pub fn delete(&mut self, key: impl Into<Vec<u8>>) {
-        self.ops.push((key.into(), None));
+    pub fn delete(&mut self, key: impl AsRef<[u8]>) {
+        self.delete_parts(&[key.as_ref()]);
     }
 
-    /// The operations in order; a later one on the same key wins.
-    pub fn ops(&self) -> &[(Vec<u8>, Option<Vec<u8>>)] {
-        &self.ops
+    /// Removes the key made of `key`'s parts end to end.
+    pub fn delete_parts(&mut self, key: &[&[u8]]) {
+        let start = self.bytes.len();
+        key.iter().for_each(|p| self.bytes.extend_from_slice(p));
+        self.ops.push(Op {
+            start,
+            key_end: self.bytes.len(),
+            value_end: DELETE,
+        });
     }
 
-    /// The operations, consumed.
-    pub fn into_ops(self) -> Vec<(Vec<u8>, Option<Vec<u8>>)> {
-        self.ops
+    /// The operation at `i` (`None` past the end): its key, and its value (`None` deletes).
+    pub fn get(&self, i: usize) -> Option<(&[u8], Option<&[u8]>)> {
+        self.ops.get(i).map(|op| self.op(op))
+    }
+
+    /// The operation at `i`, which is below [`WriteBatch::len`].
+    pub(crate) fn at(&self, i: usize) -> (&[u8], Option<&[u8]>) {
+        self.op(&self.ops[i])
+    }
+
+    fn op(&self, op: &Op) -> (&[u8], Option<&[u8]>) {
+        let key = &self.bytes[op.start..op.key_end];
+        let value = (op.value_end != DELETE).then(|| &self.bytes[op.key_end..op.value_end]);
+        (key, value)
+    }
+
+    /// The operations in order (key, value; `None` deletes); a later one on the same key wins.
+    pub fn iter(&self) -> impl ExactSizeIterator<Item = (&[u8], Option<&[u8]>)> + Clone + '_ {
+        self.ops.iter().map(|op| self.op(op))
+    }
+
+    /// How many operations the batch holds.
+    pub fn len(&self) -> usize {
+        self.ops.len()
+    }
+
+    /// The bytes of all keys and values together.
+    pub fn payload_bytes(&self) -> usize {
+        self.bytes.len()
     }
 
     /// States how many keys the batch adds to the store (negative: removes), counted against
@@ -82,6 +153,15 @@ impl WriteBatch {
     /// Whether the batch changes nothing.
     pub fn is_empty(&self) -> bool {
         self.ops.is_empty()
+    }
+}
+
+impl fmt::Debug for WriteBatch {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("WriteBatch")
+            .field("ops", &self.iter().collect::<Vec<_>>())
+            .field("key_delta", &self.key_delta)
+            .finish()
     }
 }
 

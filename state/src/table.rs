@@ -71,20 +71,43 @@ impl ValueChanges {
     }
 
     /// Puts `value` under `key`, which `existed` or not before.
-    pub fn put(&mut self, key: Vec<u8>, value: Vec<u8>, existed: bool) {
+    pub fn put(&mut self, key: impl AsRef<[u8]>, value: impl AsRef<[u8]>, existed: bool) {
         self.writes.put(key, value);
         self.key_delta += i64::from(!existed);
     }
 
+    /// Puts the value made of `value`'s parts under the key made of `key`'s, which `existed`
+    /// or not before.
+    pub fn put_parts(&mut self, key: &[&[u8]], value: &[&[u8]], existed: bool) {
+        self.writes.put_parts(key, value);
+        self.key_delta += i64::from(!existed);
+    }
+
     /// Removes `key`, which was stored.
-    pub fn remove(&mut self, key: Vec<u8>) {
+    pub fn remove(&mut self, key: impl AsRef<[u8]>) {
         self.writes.delete(key);
+        self.key_delta -= 1;
+    }
+
+    /// Removes the key made of `key`'s parts, which was stored.
+    pub fn remove_parts(&mut self, key: &[&[u8]]) {
+        self.writes.delete_parts(key);
         self.key_delta -= 1;
     }
 
     /// Whether nothing changes.
     pub fn is_empty(&self) -> bool {
         self.writes.is_empty()
+    }
+
+    /// How many puts and removals there are.
+    pub fn len(&self) -> usize {
+        self.writes.len()
+    }
+
+    /// The keys put or removed, in the order they were.
+    pub fn keys(&self) -> impl Iterator<Item = &[u8]> {
+        self.writes.iter().map(|(k, _)| k)
     }
 
     /// Applies the changes to `store`.

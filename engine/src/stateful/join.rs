@@ -278,12 +278,10 @@ impl SideRows {
 /// A stored row's identity within its join key: the batch and row number that stored it.
 const SUFFIX_LEN: usize = 12;
 
-/// A side store's key of the row `suffix` of join key `key`: `[join key][suffix]`.
-fn row_key(key: &[u8], suffix: &[u8; SUFFIX_LEN]) -> Vec<u8> {
-    let mut k = Vec::with_capacity(key.len() + SUFFIX_LEN);
-    k.extend_from_slice(key);
-    k.extend_from_slice(suffix);
-    k
+/// A side store's key of the row `suffix` of join key `key`, in its parts (a write lays them
+/// end to end): `[join key][suffix]`.
+fn row_key<'a>(key: &'a [u8], suffix: &'a [u8; SUFFIX_LEN]) -> [&'a [u8]; 2] {
+    [key, suffix]
 }
 
 /// The side store's keys of `key`'s rows. Arrow-row join keys are prefix-free (each column's
@@ -296,12 +294,9 @@ fn rows_of(key: &[u8]) -> KeyRange {
     }
 }
 
-/// A stored row's value: `[matched 1][row]`.
-fn row_value(matched: bool, row: &[u8]) -> Vec<u8> {
-    let mut v = Vec::with_capacity(1 + row.len());
-    v.push(u8::from(matched));
-    v.extend_from_slice(row);
-    v
+/// A stored row's value, in its parts: `[matched 1][row]`.
+fn row_value(matched: bool, row: &[u8]) -> [&[u8]; 2] {
+    [if matched { &[1] } else { &[0] }, row]
 }
 
 /// A stored row's value as (matched, row); `None` when damaged.
@@ -658,7 +653,7 @@ impl StreamJoin {
             for ((k, p), _) in old.iter().zip(matched).filter(|(_, m)| **m) {
                 let e = &state.entries(k)[*p];
                 if !e.matched {
-                    flags.put(row_key(k, &e.suffix), row_value(true, &e.row), true);
+                    flags.put_parts(&row_key(k, &e.suffix), &row_value(true, &e.row), true);
                 }
             }
             flags.apply_to(&mut **store).map_err(state_error)?;
@@ -773,16 +768,23 @@ impl StreamJoin {
         let right_schema = self.right.input.schema();
         // Stored rows the new rows meet, each decoded once: (key, position in its list).
         let (mut old_left, mut old_right) = (StoredRefs::default(), StoredRefs::default());
-        let mut r_by_key: HashMap<&[u8], Vec<usize>> = HashMap::new();
-        for (i, k) in r.keys.iter().enumerate() {
-            r_by_key.entry(k.data()).or_default().push(i);
+        // The new right rows of each key, chained: `r_first[key]` is the first, `r_next[j]`
+        // the one after `j` (no list allocated per key).
+        let mut r_first: HashMap<&[u8], usize> = HashMap::with_capacity(r.keys.num_rows());
+        let mut r_next = vec![usize::MAX; r.keys.num_rows()];
+        for j in (0..r.keys.num_rows()).rev() {
+            if let Some(next) = r_first.insert(r.keys.row(j).data(), j) {
+                r_next[j] = next;
+            }
         }
         let mut pairs: Vec<((usize, usize), (usize, usize))> = vec![];
         for (i, k) in l.keys.iter().enumerate() {
             let k = k.data();
             pairs.extend(old_right.of(right_state, k).map(|p| ((0, i), (1, p))));
-            for &j in r_by_key.get(k).into_iter().flatten() {
+            let mut j = r_first.get(k).copied().unwrap_or(usize::MAX);
+            while j != usize::MAX {
                 pairs.push(((0, i), (0, j)));
+                j = r_next[j];
             }
         }
         for (j, k) in r.keys.iter().enumerate() {
@@ -904,9 +906,9 @@ impl StreamJoin {
                 .filter(|t| t.is_valid(i))
                 .map_or(i64::MIN, |t| t.value(i));
             push_index_row(by_time.entry(time).or_default(), k.data(), i as u32);
-            new_rows.put(
-                row_key(k.data(), &suffix(batch, i as u32)),
-                row_value(matched[i], encoded.row(i).as_ref()),
+            new_rows.put_parts(
+                &row_key(k.data(), &suffix(batch, i as u32)),
+                &row_value(matched[i], encoded.row(i).as_ref()),
                 false,
             );
             updated += 1;
@@ -964,7 +966,7 @@ impl StreamJoin {
         if expired.is_empty() {
             return Ok((0, None));
         }
-        let mut gone: Vec<Vec<u8>> = vec![];
+        let mut removals = ValueChanges::new();
         for (tk, rows) in &expired {
             let batch = tk
                 .get(TIME_PREFIX..)
@@ -972,15 +974,15 @@ impl StreamJoin {
                 .map(u64::from_be_bytes)
                 .ok_or_else(|| corrupt(side.name))?;
             for (key, row) in decode_index(rows).ok_or_else(|| corrupt(side.name))? {
-                gone.push(row_key(key, &suffix(batch, row)));
+                removals.remove_parts(&row_key(key, &suffix(batch, row)));
             }
         }
-        let removed = gone.len() as u64;
+        let removed = removals.len() as u64;
         counts.rows -= removed as i64;
         // An outer side reads the rows it evicts (as this batch left them: new rows and
         // flags included) for those that never matched.
         let unmatched = if side.outer {
-            let keys: Vec<&[u8]> = gone.iter().map(Vec::as_slice).collect();
+            let keys: Vec<&[u8]> = removals.keys().collect();
             let values = store.multi_get(&keys).map_err(state_error)?;
             let mut unmatched: Vec<&[u8]> = vec![];
             for v in &values {
@@ -1000,10 +1002,6 @@ impl StreamJoin {
         } else {
             None
         };
-        let mut removals = ValueChanges::new();
-        for rk in gone {
-            removals.remove(rk);
-        }
         removals.apply_to(store).map_err(state_error)?;
         let mut index = ValueChanges::new();
         for (tk, _) in expired {

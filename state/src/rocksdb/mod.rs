@@ -19,6 +19,7 @@
 mod snapshot;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
+use std::hash::BuildHasher;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -115,11 +116,10 @@ struct Pending {
 
 impl Pending {
     /// The pending operations on keys in `range`, in key order.
-    fn range(&self, range: &KeyRange) -> &[(Vec<u8>, Option<Vec<u8>>)] {
-        let ops = self.batch.ops();
-        let from = ops.partition_point(|(k, _)| range.before_start(k));
-        let to = ops.partition_point(|(k, _)| !range.past_end(k));
-        ops.get(from..to.max(from)).unwrap_or_default()
+    fn range(&self, range: &KeyRange) -> impl Iterator<Item = OpRef<'_>> {
+        let from = partition_point(&self.batch, |k| range.before_start(k));
+        let to = partition_point(&self.batch, |k| !range.past_end(k));
+        (from..to.max(from)).map(|i| self.batch.at(i))
     }
 }
 
@@ -797,25 +797,6 @@ impl Changelog {
     }
 }
 
-/// `writes` as a batch in key order: RocksDB's memtable takes sorted inserts much faster.
-fn sorted_batch(writes: Staged) -> WriteBatch {
-    // Compared by their first 16 bytes as one integer first: the staged map yields keys in
-    // random order, and sorting a join's 400 k keys with `memcmp` alone was 9 % of q5's time.
-    let mut ops: Vec<(u128, Vec<u8>, Option<Vec<u8>>)> = writes
-        .into_iter()
-        .map(|(k, v)| (key_prefix(&k), k, v))
-        .collect();
-    ops.sort_unstable_by(|a, b| a.0.cmp(&b.0).then_with(|| a.1.cmp(&b.1)));
-    let mut batch = WriteBatch::new();
-    for (_, k, v) in ops {
-        match v {
-            Some(v) => batch.put(k, v),
-            None => batch.delete(k),
-        }
-    }
-    batch
-}
-
 /// The first 16 bytes of `key` (zeros past its end) as a big-endian integer: two keys whose
 /// prefixes differ sort as their prefixes do; equal prefixes leave the order to the whole keys.
 fn key_prefix(key: &[u8]) -> u128 {
@@ -995,10 +976,7 @@ fn write_counted<'a>(
 
 /// `batch`'s operations as [`OpRef`]s.
 fn op_refs(batch: &WriteBatch) -> impl Iterator<Item = OpRef<'_>> + Clone {
-    batch
-        .ops()
-        .iter()
-        .map(|(k, v)| (k.as_slice(), v.as_deref()))
+    batch.iter()
 }
 
 /// Writes to a local instance skip RocksDB's write-ahead log: the checkpoint's changelogs are
@@ -1080,14 +1058,13 @@ fn encode_changelog_into<W: std::io::Write>(
     // The frame says how large it decodes to, so that a replay decodes it into a buffer of that
     // size rather than one doubling as it fills.
     let size: usize = batch
-        .ops()
         .iter()
-        .map(|(k, v)| 5 + k.len() + v.as_ref().map_or(0, |v| 4 + v.len()))
+        .map(|(k, v)| 5 + k.len() + v.map_or(0, |v| 4 + v.len()))
         .sum();
     encoder.set_pledged_src_size(Some(8 + size as u64))?;
     let mut w = std::io::BufWriter::with_capacity(1 << 16, encoder);
     w.write_all(&num_keys.to_le_bytes())?;
-    for (k, v) in batch.ops() {
+    for (k, v) in batch.iter() {
         w.write_all(&[u8::from(v.is_some())])?;
         w.write_all(&(k.len() as u32).to_le_bytes())?;
         w.write_all(k)?;
@@ -1348,7 +1325,83 @@ impl StateStoreProvider for RocksDbStateStoreProvider {
     }
 }
 
-type Staged = std::collections::HashMap<Vec<u8>, Option<Vec<u8>>, foldhash::fast::RandomState>;
+/// Writes applied since opening, newest per key: the applied batches as they came (their keys
+/// and values are not copied again) and a hash table of where each key's newest write lies. A
+/// batch stages hundreds of thousands of keys and looks each up; only a scan and the commit
+/// need them in order.
+#[derive(Default)]
+struct Staged {
+    batches: Vec<WriteBatch>,
+    /// (batch, operation) of each staged key's newest write.
+    newest: hashbrown::HashTable<(usize, usize)>,
+    hasher: foldhash::fast::RandomState,
+}
+
+impl Staged {
+    fn op(&self, (b, i): (usize, usize)) -> OpRef<'_> {
+        self.batches[b].at(i)
+    }
+
+    /// Stages `batch`'s operations over those staged before (a later write of a key wins).
+    fn apply(&mut self, batch: WriteBatch) {
+        let b = self.batches.len();
+        self.newest.reserve(batch.len(), |&at| {
+            self.hasher.hash_one(self.batches[at.0].at(at.1).0)
+        });
+        for i in 0..batch.len() {
+            let key = batch.at(i).0;
+            let hash = self.hasher.hash_one(key);
+            let batches = &self.batches;
+            let found = self.newest.find_mut(hash, |&(ob, oi)| {
+                let other = if ob == b { &batch } else { &batches[ob] };
+                other.at(oi).0 == key
+            });
+            match found {
+                Some(at) => *at = (b, i),
+                None => {
+                    // Room was reserved above: the hasher is not called.
+                    self.newest.insert_unique(hash, (b, i), |_| hash);
+                }
+            }
+        }
+        self.batches.push(batch);
+    }
+
+    /// The newest staged write of `key`: `Some(None)` if it deletes it, `None` if none.
+    fn get(&self, key: &[u8]) -> Option<Option<&[u8]>> {
+        let hash = self.hasher.hash_one(key);
+        let at = self.newest.find(hash, |&at| self.op(at).0 == key)?;
+        Some(self.op(*at).1)
+    }
+
+    /// Each staged key's newest write, in no order.
+    fn iter(&self) -> impl Iterator<Item = OpRef<'_>> {
+        self.newest.iter().map(|&at| self.op(at))
+    }
+
+    /// Each staged key's newest write as one batch in key order: RocksDB's memtable takes
+    /// sorted inserts much faster.
+    fn into_sorted(self) -> WriteBatch {
+        // Compared by their first 16 bytes as one integer first: the staged writes come in
+        // random order, and sorting a join's 400 k keys with `memcmp` alone was 9 % of q5's
+        // time.
+        let mut ops: Vec<(u128, OpRef<'_>)> =
+            self.iter().map(|op| (key_prefix(op.0), op)).collect();
+        ops.sort_unstable_by(|a, b| a.0.cmp(&b.0).then_with(|| a.1.0.cmp(b.1.0)));
+        let bytes = ops
+            .iter()
+            .map(|(_, (k, v))| k.len() + v.map_or(0, <[u8]>::len))
+            .sum();
+        let mut batch = WriteBatch::with_capacity(ops.len(), bytes);
+        for (_, (k, v)) in ops {
+            match v {
+                Some(v) => batch.put(k, v),
+                None => batch.delete(k),
+            }
+        }
+        batch
+    }
+}
 
 struct RocksDbStateStore {
     id: StoreId,
@@ -1405,25 +1458,47 @@ fn persist(
 
 /// The first position at or after `from` in `ops` (in key order) whose key is not below `key`:
 /// an exponential search, as the keys asked for come in order and the next is usually near.
-fn seek(ops: &[(Vec<u8>, Option<Vec<u8>>)], from: usize, key: &[u8]) -> usize {
-    let below = |i: usize| ops[i].0.as_slice() < key;
+fn seek(ops: &WriteBatch, from: usize, key: &[u8]) -> usize {
+    let below = |i: usize| ops.at(i).0 < key;
     // Every position before `lo` is below `key`.
     let (mut lo, mut step) = (from, 1);
     while lo + step <= ops.len() && below(lo + step - 1) {
         lo += step;
         step *= 2;
     }
-    let hi = (lo + step).min(ops.len());
-    lo + ops[lo..hi].partition_point(|(k, _)| k.as_slice() < key)
+    let mut hi = (lo + step).min(ops.len());
+    while lo < hi {
+        let mid = lo + (hi - lo) / 2;
+        if below(mid) {
+            lo = mid + 1;
+        } else {
+            hi = mid;
+        }
+    }
+    lo
+}
+
+/// The first position in `ops` (in key order) whose key `below` is false for.
+fn partition_point(ops: &WriteBatch, below: impl Fn(&[u8]) -> bool) -> usize {
+    let (mut lo, mut hi) = (0, ops.len());
+    while lo < hi {
+        let mid = lo + (hi - lo) / 2;
+        if below(ops.at(mid).0) {
+            lo = mid + 1;
+        } else {
+            hi = mid;
+        }
+    }
+    lo
 }
 
 /// `upper` and `lower`, both in key order, merged in key order; on a key in both, `upper`'s.
 fn merge_sorted<'a>(
-    upper: Vec<(&'a Vec<u8>, &'a Option<Vec<u8>>)>,
-    lower: &'a [(Vec<u8>, Option<Vec<u8>>)],
-) -> Vec<(&'a Vec<u8>, &'a Option<Vec<u8>>)> {
-    let mut out = Vec::with_capacity(upper.len() + lower.len());
-    let mut lower = lower.iter().map(|(k, v)| (k, v)).peekable();
+    upper: Vec<OpRef<'a>>,
+    lower: impl Iterator<Item = OpRef<'a>>,
+) -> Vec<OpRef<'a>> {
+    let mut lower = lower.peekable();
+    let mut out = Vec::with_capacity(upper.len() + lower.size_hint().0);
     for u in upper {
         while let Some(l) = lower.next_if(|l| l.0 < u.0) {
             out.push(l);
@@ -1479,19 +1554,20 @@ impl StateStore for RocksDbStateStore {
         // and RocksDB's batched MultiGet is fastest on sorted keys.
         let mut order: Vec<usize> = (0..keys.len()).collect();
         order.sort_unstable_by(|&a, &b| keys[a].cmp(keys[b]));
-        let overlay = self.overlay.as_ref().map_or(&[][..], |p| p.batch.ops());
+        let empty = WriteBatch::new();
+        let overlay = self.overlay.as_ref().map_or(&empty, |p| &p.batch);
         let mut out: Vec<Option<Vec<u8>>> = vec![None; keys.len()];
         let mut from_db = Vec::with_capacity(keys.len());
         let mut next = 0;
         for &i in &order {
             let key = keys[i];
             if let Some(written) = self.staged.get(key) {
-                out[i] = written.clone();
+                out[i] = written.map(<[u8]>::to_vec);
                 continue;
             }
             next = seek(overlay, next, key);
             match overlay.get(next) {
-                Some((k, written)) if k.as_slice() == key => out[i] = written.clone(),
+                Some((k, written)) if k == key => out[i] = written.map(<[u8]>::to_vec),
                 _ => from_db.push(i),
             }
         }
@@ -1523,7 +1599,7 @@ impl StateStore for RocksDbStateStore {
         }
         // The instance's keys and the staged writes in the range, both in key order: merged in
         // one pass.
-        let mut in_range: Vec<(&Vec<u8>, &Option<Vec<u8>>)> = self
+        let mut in_range: Vec<OpRef<'_>> = self
             .staged
             .iter()
             .filter(|(k, _)| range.contains(k))
@@ -1542,12 +1618,12 @@ impl StateStore for RocksDbStateStore {
                 break;
             }
             if range.contains(k) {
-                while let Some((sk, sv)) = staged.next_if(|(sk, _)| sk.as_slice() < k) {
+                while let Some((sk, sv)) = staged.next_if(|(sk, _)| *sk < k) {
                     if let Some(sv) = sv {
                         visit(sk, sv);
                     }
                 }
-                match staged.next_if(|(sk, _)| sk.as_slice() == k) {
+                match staged.next_if(|(sk, _)| *sk == k) {
                     Some((_, Some(sv))) => visit(k, sv),
                     Some((_, None)) => {}
                     None => visit(k, v),
@@ -1569,17 +1645,13 @@ impl StateStore for RocksDbStateStore {
             (Some(a), Some(b)) => Some(a + b),
             _ => None,
         };
-        let ops = batch.into_ops();
-        self.staged.reserve(ops.len());
-        for (k, v) in ops {
-            self.staged.insert(k, v);
-        }
+        self.staged.apply(batch);
         Ok(())
     }
 
     fn commit(&mut self) -> Result<u64> {
         let next = self.version + 1;
-        let mut batch = sorted_batch(std::mem::take(&mut self.staged));
+        let mut batch = std::mem::take(&mut self.staged).into_sorted();
         if let Some(d) = self.key_delta.replace(0) {
             batch = batch.with_key_delta(d);
         } else {
@@ -1702,10 +1774,10 @@ mod tests {
     fn seek_finds_the_first_key_not_below_from_any_start() {
         for n in 0..40u8 {
             // Even keys 0, 2, ..: every odd key falls between two, every even one is present.
-            let ops: Vec<(Vec<u8>, Option<Vec<u8>>)> =
-                (0..n).map(|i| (vec![2 * i], None)).collect();
+            let mut ops = WriteBatch::new();
+            (0..n).for_each(|i| ops.delete([2 * i]));
             for key in 0..2 * n + 2 {
-                let want = ops.partition_point(|(k, _)| k[0] < key);
+                let want = (0..n).filter(|i| 2 * i < key).count() as usize;
                 for from in 0..=want {
                     assert_eq!(
                         seek(&ops, from, &[key]),
@@ -2386,6 +2458,39 @@ mod tests {
     }
 
     #[test]
+    fn staged_writes_keep_each_keys_newest_across_and_within_batches() {
+        let mut staged = Staged::default();
+        let mut first = WriteBatch::new();
+        first.put(b"a", b"1");
+        first.put(b"b", b"1");
+        first.delete(b"c");
+        first.put(b"a", b"2");
+        staged.apply(first);
+        let mut second = WriteBatch::new();
+        second.delete(b"b");
+        second.put_parts(&[b"c", b""], &[b"3", b"!"]);
+        second.put(b"d", b"4");
+        second.put(b"d", b"5");
+        staged.apply(second);
+        assert_eq!(staged.get(b"a"), Some(Some(&b"2"[..])));
+        assert_eq!(staged.get(b"b"), Some(None));
+        assert_eq!(staged.get(b"c"), Some(Some(&b"3!"[..])));
+        assert_eq!(staged.get(b"d"), Some(Some(&b"5"[..])));
+        assert_eq!(staged.get(b"e"), None);
+        let sorted = staged.into_sorted();
+        let ops: Vec<(&[u8], Option<&[u8]>)> = sorted.iter().collect();
+        assert_eq!(
+            ops,
+            vec![
+                (&b"a"[..], Some(&b"2"[..])),
+                (b"b", None),
+                (b"c", Some(b"3!")),
+                (b"d", Some(b"5")),
+            ]
+        );
+    }
+
+    #[test]
     fn a_commit_writes_its_keys_in_byte_order_whatever_their_lengths() {
         // Keys that share 16-byte prefixes, end in zero bytes, or are prefixes of each other.
         let mut seed = 7u64;
@@ -2402,15 +2507,21 @@ mod tests {
             let key: Vec<u8> = (0..len)
                 .map(|i| if i < 14 { 0 } else { (next() % 3) as u8 })
                 .collect();
-            staged.insert(key.clone(), (next() % 2 == 0).then(|| b"v".to_vec()));
+            let mut batch = WriteBatch::new();
+            if next() % 2 == 0 {
+                batch.put(&key, b"v");
+            } else {
+                batch.delete(&key);
+            }
+            staged.apply(batch);
             keys.push(key);
         }
         keys.sort_unstable();
         keys.dedup();
-        let written: Vec<Vec<u8>> = sorted_batch(staged)
-            .ops()
+        let written: Vec<Vec<u8>> = staged
+            .into_sorted()
             .iter()
-            .map(|(k, _)| k.clone())
+            .map(|(k, _)| k.to_vec())
             .collect();
         assert_eq!(written, keys);
     }
@@ -2669,7 +2780,7 @@ mod tests {
     /// A changelog as weir wrote them before version 2 (uncompressed, FNV-1a, no key count).
     fn encode_v1(batch: &WriteBatch) -> Vec<u8> {
         let mut out = CHANGELOG_MAGIC_V1.to_vec();
-        for (k, v) in batch.ops() {
+        for (k, v) in batch.iter() {
             out.push(u8::from(v.is_some()));
             out.extend((k.len() as u32).to_le_bytes());
             out.extend(k);
@@ -2712,9 +2823,8 @@ mod tests {
             b.put(i.to_be_bytes().to_vec(), v);
         }
         let raw: usize = b
-            .ops()
             .iter()
-            .map(|(k, v)| 9 + k.len() + v.as_ref().map_or(0, Vec::len))
+            .map(|(k, v)| 9 + k.len() + v.map_or(0, <[u8]>::len))
             .sum();
         let bytes = encode_changelog(&b, 20_000).unwrap();
         assert!(bytes.len() * 4 < raw, "{} bytes for {raw} raw", bytes.len());
