@@ -71,6 +71,22 @@ impl WriteBatch {
         }
     }
 
+    /// A batch of `ops` (key, value; `None` deletes), in their order.
+    pub fn of<'a>(ops: impl Iterator<Item = (&'a [u8], Option<&'a [u8]>)> + Clone) -> Self {
+        let bytes = ops
+            .clone()
+            .map(|(k, v)| k.len() + v.map_or(0, <[u8]>::len))
+            .sum();
+        let mut batch = Self::with_capacity(ops.size_hint().0, bytes);
+        for (k, v) in ops {
+            match v {
+                Some(v) => batch.put(k, v),
+                None => batch.delete(k),
+            }
+        }
+        batch
+    }
+
     /// Sets `key` to `value`.
     pub fn put(&mut self, key: impl AsRef<[u8]>, value: impl AsRef<[u8]>) {
         self.put_parts(&[key.as_ref()], &[value.as_ref()]);

@@ -70,6 +70,14 @@ impl ValueChanges {
         Self::default()
     }
 
+    /// No changes, with room for `ops` puts and removals of `bytes` key and value bytes in all.
+    pub fn with_capacity(ops: usize, bytes: usize) -> Self {
+        Self {
+            writes: WriteBatch::with_capacity(ops, bytes),
+            key_delta: 0,
+        }
+    }
+
     /// Puts `value` under `key`, which `existed` or not before.
     pub fn put(&mut self, key: impl AsRef<[u8]>, value: impl AsRef<[u8]>, existed: bool) {
         self.writes.put(key, value);

@@ -891,7 +891,14 @@ impl StreamJoin {
         // The index groups the batch's rows by event time: one entry per distinct time.
         let mut by_time: HashMap<i64, Vec<u8>> = HashMap::new();
         let mut timeless = vec![];
-        let mut new_rows = ValueChanges::new();
+        // Sized up front: a batch's rows are most of its writes, and a buffer grown by
+        // doubling holds up to twice their bytes at the batch's peak.
+        let bytes = (0..rows.keys.num_rows())
+            .map(|i| {
+                rows.keys.row(i).as_ref().len() + SUFFIX_LEN + 1 + encoded.row(i).as_ref().len()
+            })
+            .sum();
+        let mut new_rows = ValueChanges::with_capacity(rows.keys.num_rows(), bytes);
         for (i, k) in rows.keys.iter().enumerate() {
             let untimed = rows.times.as_ref().is_some_and(|t| t.is_null(i));
             if untimed && side.evict_after_us.is_some() {
@@ -966,14 +973,24 @@ impl StreamJoin {
         if expired.is_empty() {
             return Ok((0, None));
         }
-        let mut removals = ValueChanges::new();
+        let mut entries = Vec::with_capacity(expired.len());
         for (tk, rows) in &expired {
             let batch = tk
                 .get(TIME_PREFIX..)
                 .and_then(|b| <[u8; 8]>::try_from(b).ok())
                 .map(u64::from_be_bytes)
                 .ok_or_else(|| corrupt(side.name))?;
-            for (key, row) in decode_index(rows).ok_or_else(|| corrupt(side.name))? {
+            entries.push((batch, decode_index(rows).ok_or_else(|| corrupt(side.name))?));
+        }
+        let rows = entries.iter().map(|(_, rows)| rows.len()).sum();
+        let bytes = entries
+            .iter()
+            .flat_map(|(_, rows)| rows)
+            .map(|(key, _)| key.len() + SUFFIX_LEN)
+            .sum();
+        let mut removals = ValueChanges::with_capacity(rows, bytes);
+        for (batch, rows) in entries {
+            for (key, row) in rows {
                 removals.remove_parts(&row_key(key, &suffix(batch, row)));
             }
         }

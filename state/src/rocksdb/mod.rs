@@ -909,11 +909,16 @@ fn trailer(changelog: &[u8]) -> &[u8] {
 }
 
 /// The store's key count once `batch` is applied to the local instance as it is now.
-fn count_keys(db: &DB, id: &StoreId, batch: &WriteBatch) -> Result<u64> {
-    match batch.key_delta() {
+fn count_keys<'a>(
+    db: &DB,
+    id: &StoreId,
+    key_delta: Option<i64>,
+    ops: impl Iterator<Item = OpRef<'a>>,
+) -> Result<u64> {
+    match key_delta {
         // The writer counted.
         Some(d) => Ok(meta_u64(db, id, NUM_KEYS_KEY)?.saturating_add_signed(d)),
-        None => count_keys_after(db, id, op_refs(batch).map(|(k, v)| (k, v.is_some()))),
+        None => count_keys_after(db, id, ops.map(|(k, v)| (k, v.is_some()))),
     }
 }
 
@@ -974,11 +979,6 @@ fn write_counted<'a>(
     db.write_opt(wb, &no_wal()).map_err(|e| backend(id, e))
 }
 
-/// `batch`'s operations as [`OpRef`]s.
-fn op_refs(batch: &WriteBatch) -> impl Iterator<Item = OpRef<'_>> + Clone {
-    batch.iter()
-}
-
 /// Writes to a local instance skip RocksDB's write-ahead log: the checkpoint's changelogs are
 /// the durable copy, and an instance that lost its unflushed writes in a crash reopens at an
 /// older version (the marker is written with the data) and is brought forward from them.
@@ -1008,11 +1008,11 @@ fn write_changelog(id: &StoreId, dir: &Path, version: u64, bytes: &[u8]) -> Resu
 /// Writes changelog `version` of `batch` (leaving the store with `num_keys` keys) whole: streamed
 /// into a temporary file that is renamed once complete, so the changelog is complete or absent.
 /// Returns its [`trailer`].
-fn store_changelog(
+fn store_changelog<'a>(
     id: &StoreId,
     dir: &Path,
     version: u64,
-    batch: &WriteBatch,
+    batch: impl Iterator<Item = OpRef<'a>> + Clone,
     num_keys: u64,
 ) -> Result<[u8; 8]> {
     let io = |e: std::io::Error| backend(id, e);
@@ -1040,15 +1040,15 @@ fn store_changelog(
 /// Changelog `version`'s bytes: `batch`, leaving the store with `num_keys` keys.
 #[cfg(test)]
 fn encode_changelog(batch: &WriteBatch, num_keys: u64) -> std::io::Result<Vec<u8>> {
-    let (out, _) = encode_changelog_into(batch, num_keys, Crc32Writer::new(Vec::new()))?;
+    let (out, _) = encode_changelog_into(batch.iter(), num_keys, Crc32Writer::new(Vec::new()))?;
     Ok(out.inner)
 }
 
 /// Writes the changelog of `batch` (leaving the store with `num_keys` keys) into `out`,
 /// compressed as it is encoded (no uncompressed copy of the batch is made), and seals it:
 /// returns the writer and the changelog's [`trailer`].
-fn encode_changelog_into<W: std::io::Write>(
-    batch: &WriteBatch,
+fn encode_changelog_into<'a, W: std::io::Write>(
+    batch: impl Iterator<Item = OpRef<'a>> + Clone,
     num_keys: u64,
     mut out: Crc32Writer<W>,
 ) -> std::io::Result<(Crc32Writer<W>, [u8; 8])> {
@@ -1058,13 +1058,13 @@ fn encode_changelog_into<W: std::io::Write>(
     // The frame says how large it decodes to, so that a replay decodes it into a buffer of that
     // size rather than one doubling as it fills.
     let size: usize = batch
-        .iter()
+        .clone()
         .map(|(k, v)| 5 + k.len() + v.map_or(0, |v| 4 + v.len()))
         .sum();
     encoder.set_pledged_src_size(Some(8 + size as u64))?;
     let mut w = std::io::BufWriter::with_capacity(1 << 16, encoder);
     w.write_all(&num_keys.to_le_bytes())?;
-    for (k, v) in batch.iter() {
+    for (k, v) in batch {
         w.write_all(&[u8::from(v.is_some())])?;
         w.write_all(&(k.len() as u32).to_le_bytes())?;
         w.write_all(k)?;
@@ -1379,27 +1379,16 @@ impl Staged {
         self.newest.iter().map(|&at| self.op(at))
     }
 
-    /// Each staged key's newest write as one batch in key order: RocksDB's memtable takes
-    /// sorted inserts much faster.
-    fn into_sorted(self) -> WriteBatch {
+    /// Each staged key's newest write in key order (RocksDB's memtable takes sorted inserts
+    /// much faster), each with its key's first 16 bytes.
+    fn sorted(&self) -> Vec<(u128, OpRef<'_>)> {
         // Compared by their first 16 bytes as one integer first: the staged writes come in
         // random order, and sorting a join's 400 k keys with `memcmp` alone was 9 % of q5's
         // time.
         let mut ops: Vec<(u128, OpRef<'_>)> =
             self.iter().map(|op| (key_prefix(op.0), op)).collect();
         ops.sort_unstable_by(|a, b| a.0.cmp(&b.0).then_with(|| a.1.0.cmp(b.1.0)));
-        let bytes = ops
-            .iter()
-            .map(|(_, (k, v))| k.len() + v.map_or(0, <[u8]>::len))
-            .sum();
-        let mut batch = WriteBatch::with_capacity(ops.len(), bytes);
-        for (_, (k, v)) in ops {
-            match v {
-                Some(v) => batch.put(k, v),
-                None => batch.delete(k),
-            }
-        }
-        batch
+        ops
     }
 }
 
@@ -1439,17 +1428,17 @@ struct MemtableBound {
 /// Makes `version` (`batch`, leaving `num_keys` keys) durable and local: its changelog into the
 /// checkpoint first (once there, the version can be rebuilt), then the local instance, flushed
 /// when the memtables are over their bound.
-fn persist(
+fn persist<'a>(
     db: &DB,
     id: &StoreId,
     changelog_dir: &Path,
-    batch: &WriteBatch,
+    batch: impl Iterator<Item = OpRef<'a>> + Clone,
     version: u64,
     num_keys: u64,
     memtables: &MemtableBound,
 ) -> Result<()> {
-    let trailer = store_changelog(id, changelog_dir, version, batch, num_keys)?;
-    write_counted(db, id, op_refs(batch), version, num_keys, &trailer)?;
+    let trailer = store_changelog(id, changelog_dir, version, batch.clone(), num_keys)?;
+    write_counted(db, id, batch, version, num_keys, &trailer)?;
     if memtables.manager.get_usage() > memtables.bytes {
         db.flush().map_err(|e| backend(id, e))?;
     }
@@ -1651,12 +1640,12 @@ impl StateStore for RocksDbStateStore {
 
     fn commit(&mut self) -> Result<u64> {
         let next = self.version + 1;
-        let mut batch = std::mem::take(&mut self.staged).into_sorted();
-        if let Some(d) = self.key_delta.replace(0) {
-            batch = batch.with_key_delta(d);
-        } else {
-            self.key_delta = Some(0);
-        }
+        let staged = std::mem::take(&mut self.staged);
+        // Each key's newest write, in key order, read where it was staged (not copied: a
+        // batch's writes are most of a join's memory at its peak).
+        let sorted = staged.sorted();
+        let ops = sorted.iter().map(|&(_, op)| op);
+        let key_delta = self.key_delta.replace(0);
         // At most one upload in flight per store: wait for the last one (its failure is this
         // commit's; with async checkpointing the instance is then at this store's version) and
         // report the snapshot it copied, then run the purges asked for meanwhile.
@@ -1670,13 +1659,16 @@ impl StateStore for RocksDbStateStore {
         if let Some(below) = purge {
             snapshot::purge(&self.changelog_dir, below).map_err(|e| backend(&self.id, e))?;
         }
-        let num_keys = count_keys(&self.db, &self.id, &batch)?;
+        let num_keys = count_keys(&self.db, &self.id, key_delta, ops.clone())?;
         let snapshot_due = self.snapshot_due(next)?;
         let upload = if self.asynchronous {
             // Leave writing the version to the local instance, its changelog and any snapshot
             // to the background. Readers of the new version read its writes from the overlay
             // until then.
-            let pending = Arc::new(Pending { batch, num_keys });
+            let pending = Arc::new(Pending {
+                batch: WriteBatch::of(ops),
+                num_keys,
+            });
             let handle = {
                 let (id, dir) = (self.id.clone(), self.changelog_dir.clone());
                 let (db, db_path) = (Arc::clone(&self.db), self.db_path.clone());
@@ -1684,7 +1676,7 @@ impl StateStore for RocksDbStateStore {
                 let pending = Arc::clone(&pending);
                 std::thread::spawn(move || {
                     let p = &pending;
-                    persist(&db, &id, &dir, &p.batch, next, p.num_keys, &memtables)?;
+                    persist(&db, &id, &dir, p.batch.iter(), next, p.num_keys, &memtables)?;
                     // The next version is written only after this upload is finished.
                     if snapshot_due {
                         let staged = snapshot::stage(&db, &id, &db_path, next)?;
@@ -1704,7 +1696,7 @@ impl StateStore for RocksDbStateStore {
                 &self.db,
                 &self.id,
                 &self.changelog_dir,
-                &batch,
+                ops,
                 next,
                 num_keys,
                 &self.memtables,
@@ -2477,8 +2469,8 @@ mod tests {
         assert_eq!(staged.get(b"c"), Some(Some(&b"3!"[..])));
         assert_eq!(staged.get(b"d"), Some(Some(&b"5"[..])));
         assert_eq!(staged.get(b"e"), None);
-        let sorted = staged.into_sorted();
-        let ops: Vec<(&[u8], Option<&[u8]>)> = sorted.iter().collect();
+        let ops: Vec<(&[u8], Option<&[u8]>)> =
+            staged.sorted().into_iter().map(|(_, op)| op).collect();
         assert_eq!(
             ops,
             vec![
@@ -2519,9 +2511,9 @@ mod tests {
         keys.sort_unstable();
         keys.dedup();
         let written: Vec<Vec<u8>> = staged
-            .into_sorted()
+            .sorted()
             .iter()
-            .map(|(k, _)| k.to_vec())
+            .map(|(_, (k, _))| k.to_vec())
             .collect();
         assert_eq!(written, keys);
     }
@@ -2763,7 +2755,7 @@ mod tests {
             for i in 0..rows {
                 b.put(format!("key{i:08}").into_bytes(), vec![i as u8; i % 7]);
             }
-            let trailer = store_changelog(&id, dir.path(), 4, &b, rows as u64).unwrap();
+            let trailer = store_changelog(&id, dir.path(), 4, b.iter(), rows as u64).unwrap();
             let stored = std::fs::read(dir.path().join("4.changelog")).unwrap();
             assert_eq!(stored, encode_changelog(&b, rows as u64).unwrap());
             assert_eq!(trailer, trailer_of(&stored), "{rows} rows");
