@@ -190,7 +190,7 @@ mod tests {
         for v in 0..5u64 {
             let mut s = p.open(&id, v).unwrap();
             let mut b = WriteBatch::new();
-            b.put(v.to_be_bytes().to_vec(), vec![]);
+            b.put(v.to_be_bytes(), vec![]);
             s.apply(b).unwrap();
             s.commit().unwrap();
         }

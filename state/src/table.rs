@@ -168,7 +168,7 @@ impl<'a, V: StateStore + ?Sized, I: StateStore + ?Sized> TimeIndexedMap<'a, V, I
         let mut values = ValueChanges::new();
         for (key, value) in keys.iter().zip(stored) {
             if let Some(value) = value {
-                values.remove(key.to_vec());
+                values.remove(key);
                 out.push((key.to_vec(), value));
             }
         }

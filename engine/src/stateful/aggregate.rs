@@ -506,7 +506,7 @@ impl StreamingAggregate {
         } else if !keys.is_empty() {
             let rows = values.convert_columns(state)?;
             for ((key, row), existed) in keys.iter().zip(rows.iter()).zip(stored) {
-                changes.put(key.clone(), row.as_ref().to_vec(), *existed);
+                changes.put(key.clone(), row.as_ref(), *existed);
             }
         }
         changes.apply_to(store).map_err(state_error)

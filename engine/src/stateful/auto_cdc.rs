@@ -500,7 +500,7 @@ fn scd1(
         floor = Some(t.to_vec());
         raised = Some(t.to_vec());
         let mut put = ValueChanges::new();
-        put.put(vec![], t.to_vec(), stored_floor.is_some());
+        put.put(vec![], t, stored_floor.is_some());
         put.apply_to(truncated).map_err(state_error)?;
         for (k, v) in store.scan(&KeyRange::all()).map_err(state_error)? {
             let s = Scd1State::decode(&v).ok_or_else(|| damaged("key's state"))?;
@@ -589,7 +589,7 @@ fn scd1(
                 deleted_at_ms: None,
             }
         };
-        changes.put(key.to_vec(), state.encode(), existed);
+        changes.put(key, state.encode(), existed);
         written.insert(*key);
         updated += 1;
     }
@@ -610,7 +610,7 @@ fn scd1(
         let Some(key) = after_time(&k) else { continue };
         // A key written in this batch has a new state (its old index entry is removed above).
         if !gone.contains(key) && !written.contains(key) {
-            changes.remove(key.to_vec());
+            changes.remove(key);
             expired += 1;
         }
         index.remove(k);
@@ -827,7 +827,7 @@ fn scd2(c: &Columns, batch: &RecordBatch, store: &mut dyn StateStore) -> Result<
                 ends.push(v.end.map(<[u8]>::to_vec));
             }
         }
-        changes_out.put(key.to_vec(), encode_changes(&changes), existed);
+        changes_out.put(key, encode_changes(&changes), existed);
         updated += 1;
     }
     changes_out.apply_to(store).map_err(state_error)?;

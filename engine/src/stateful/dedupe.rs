@@ -749,8 +749,7 @@ mod tests {
             op.encode_keys(&rows(&[(7, 1)]), None)
                 .unwrap()
                 .row(0)
-                .as_ref()
-                .to_vec(),
+                .as_ref(),
             vec![],
             false,
         );

@@ -543,11 +543,7 @@ impl RowCount {
 
     fn changes(&self) -> ValueChanges {
         let mut changes = ValueChanges::new();
-        changes.put(
-            COUNT_KEY.to_vec(),
-            self.rows.to_be_bytes().to_vec(),
-            self.stored,
-        );
+        changes.put(COUNT_KEY, self.rows.to_be_bytes(), self.stored);
         changes
     }
 }

@@ -790,8 +790,8 @@ impl Changelog {
     fn batch(&self) -> WriteBatch {
         let mut batch = WriteBatch::new();
         self.for_each_op(|_, k, v| match v {
-            Some(v) => batch.put(k.to_vec(), v.to_vec()),
-            None => batch.delete(k.to_vec()),
+            Some(v) => batch.put(k, v),
+            None => batch.delete(k),
         });
         batch
     }
@@ -1769,7 +1769,7 @@ mod tests {
             let mut ops = WriteBatch::new();
             (0..n).for_each(|i| ops.delete([2 * i]));
             for key in 0..2 * n + 2 {
-                let want = (0..n).filter(|i| 2 * i < key).count() as usize;
+                let want = (0..n).filter(|i| 2 * i < key).count();
                 for from in 0..=want {
                     assert_eq!(
                         seek(&ops, from, &[key]),
@@ -1795,13 +1795,13 @@ mod tests {
             let p = provider(&dir, "local-a");
             let mut s = p.open(&id, 0).unwrap();
             let mut b = WriteBatch::new();
-            b.put(b"k1".to_vec(), b"v1".to_vec());
-            b.put(b"k2".to_vec(), b"v2".to_vec());
+            b.put(b"k1", b"v1");
+            b.put(b"k2", b"v2");
             s.apply(b).unwrap();
             s.commit().unwrap();
             let mut s = p.open(&id, 1).unwrap();
             let mut b = WriteBatch::new();
-            b.delete(b"k1".to_vec());
+            b.delete(b"k1");
             s.apply(b).unwrap();
             s.commit().unwrap();
         }
@@ -1835,7 +1835,7 @@ mod tests {
         // instance is not trusted, and the rebuild from what the checkpoint has fails loudly
         // rather than serving the old instance.
         let mut other = WriteBatch::new();
-        other.put(b"other".to_vec(), b"x".to_vec());
+        other.put(b"other", b"x");
         write_changelog(&id, &store_dir, 5, &encode_changelog(&other, 1).unwrap()).unwrap();
         let err = provider(&dir, "local")
             .open(&id, 5)
@@ -1874,7 +1874,7 @@ mod tests {
             let p = provider(&dir, "local-a");
             let mut s = p.open(&id, 0).unwrap();
             let mut b = WriteBatch::new();
-            b.put(b"k".to_vec(), b"v".to_vec());
+            b.put(b"k", b"v");
             s.apply(b).unwrap();
             s.commit().unwrap();
         }
@@ -1931,16 +1931,13 @@ mod tests {
         let mut s = p.open(id, v).unwrap();
         let mut b = WriteBatch::new();
         for i in 0..10u64 {
-            b.put(
-                (v * 10 + i).to_be_bytes().to_vec(),
-                v.to_be_bytes().to_vec(),
-            );
+            b.put((v * 10 + i).to_be_bytes(), v.to_be_bytes());
         }
         if v == 3 {
-            b.put(b"gone".to_vec(), b"x".to_vec());
+            b.put(b"gone", b"x");
         }
         if v == 7 {
-            b.delete(b"gone".to_vec());
+            b.delete(b"gone");
         }
         s.apply(b).unwrap();
         s.commit().unwrap();
@@ -1988,7 +1985,7 @@ mod tests {
         for v in 0..60u64 {
             let mut s = p.open(&id, v).unwrap();
             let mut b = WriteBatch::new();
-            b.put(v.to_be_bytes().to_vec(), vec![1]);
+            b.put(v.to_be_bytes(), vec![1]);
             s.apply(b).unwrap();
             s.commit().unwrap();
         }
@@ -2061,8 +2058,8 @@ mod tests {
         let p = asynchronous(&dir, "local");
         let mut s = p.open(&id, 0).unwrap();
         let mut b = WriteBatch::new();
-        b.put(b"a".to_vec(), b"1".to_vec());
-        b.put(b"b".to_vec(), b"2".to_vec());
+        b.put(b"a", b"1");
+        b.put(b"b", b"2");
         s.apply(b).unwrap();
         s.commit().unwrap();
         p.wait_durable(1).unwrap();
@@ -2073,9 +2070,9 @@ mod tests {
         std::fs::write(&store_dir, b"not a folder").unwrap();
         let mut s = p.open(&id, 1).unwrap();
         let mut b = WriteBatch::new();
-        b.put(b"a".to_vec(), b"10".to_vec());
-        b.delete(b"b".to_vec());
-        b.put(b"c".to_vec(), b"3".to_vec());
+        b.put(b"a", b"10");
+        b.delete(b"b");
+        b.put(b"c", b"3");
         s.apply(b).unwrap();
         s.commit().unwrap();
         assert_eq!(s.metrics().num_keys, 2);
@@ -2087,7 +2084,7 @@ mod tests {
         );
         s.apply({
             let mut b = WriteBatch::new();
-            b.put(b"d".to_vec(), b"4".to_vec());
+            b.put(b"d", b"4");
             b
         })
         .unwrap();
@@ -2117,7 +2114,7 @@ mod tests {
         let p = configured(&dir, "local", 1, false);
         let put = |s: &mut Box<dyn StateStore>, k: &[u8]| {
             let mut b = WriteBatch::new();
-            b.put(k.to_vec(), b"v".to_vec());
+            b.put(k, b"v");
             s.apply(b).unwrap();
         };
         let copied = |s: &dyn StateStore| s.metrics().custom["rocksdbFilesCopied"];
@@ -2358,7 +2355,7 @@ mod tests {
         let mut s = p.open(&id, 4).unwrap();
         let mut b = WriteBatch::new();
         for i in 0..10u64 {
-            b.delete(i.to_be_bytes().to_vec());
+            b.delete(i.to_be_bytes());
         }
         s.apply(b).unwrap();
         s.commit().unwrap();
@@ -2534,7 +2531,7 @@ mod tests {
         let id = StoreId::new(0, 0, "default");
         let mut s = p.open(&id, 0).unwrap();
         let mut b = WriteBatch::new();
-        b.put(b"k".to_vec(), b"v".to_vec());
+        b.put(b"k", b"v");
         s.apply(b).unwrap();
         s.commit().unwrap();
         let db = p.db(&id).unwrap();
@@ -2600,7 +2597,7 @@ mod tests {
             let mut s = p.open(&id, v).unwrap();
             let mut b = WriteBatch::new();
             for i in 0..per_batch {
-                b.put((v * per_batch + i).to_be_bytes().to_vec(), value.clone());
+                b.put((v * per_batch + i).to_be_bytes(), value.clone());
             }
             s.apply(b).unwrap();
             s.commit().unwrap();
@@ -2646,12 +2643,12 @@ mod tests {
             let mut s = p.open(id, v - 1).unwrap();
             let mut b = WriteBatch::new();
             for i in 0..4 {
-                b.put(row(v, i), v.to_be_bytes().to_vec());
+                b.put(row(v, i), v.to_be_bytes());
                 if v > 3 {
                     b.delete(row(v - 3, i));
                 }
             }
-            b.delete(b"never put".to_vec());
+            b.delete(b"never put");
             s.apply(b).unwrap();
             s.commit().unwrap();
         }
@@ -2705,9 +2702,9 @@ mod tests {
     #[test]
     fn changelogs_round_trip_and_truncation_is_detected() {
         let mut b = WriteBatch::new();
-        b.put(b"a".to_vec(), b"".to_vec());
-        b.delete(b"b".to_vec());
-        b.put(Vec::new(), b"xyz".to_vec());
+        b.put(b"a", b"");
+        b.delete(b"b");
+        b.put(Vec::new(), b"xyz");
         let bytes = encode_changelog(&b, 7).unwrap();
         assert!(bytes.starts_with(CHANGELOG_MAGIC));
         assert_eq!(decode_changelog(&bytes), Some((b.clone(), Some(7))));
@@ -2812,7 +2809,7 @@ mod tests {
             let mut v = vec![0u8; 13];
             v.extend((1_700_000_000_000 + i / 100).to_be_bytes());
             v.extend(i.to_be_bytes());
-            b.put(i.to_be_bytes().to_vec(), v);
+            b.put(i.to_be_bytes(), v);
         }
         let raw: usize = b
             .iter()
