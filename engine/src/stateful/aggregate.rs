@@ -501,12 +501,12 @@ impl StreamingAggregate {
             // A grouping without aggregate functions (`GROUP BY k` alone, `SELECT DISTINCT`):
             // the key is the whole state. (Rows of no columns would count no rows.)
             for (key, existed) in keys.iter().zip(stored) {
-                changes.put(key.clone(), vec![], *existed);
+                changes.put(key, b"", *existed);
             }
         } else if !keys.is_empty() {
             let rows = values.convert_columns(state)?;
             for ((key, row), existed) in keys.iter().zip(rows.iter()).zip(stored) {
-                changes.put(key.clone(), row.as_ref(), *existed);
+                changes.put(key, row.as_ref(), *existed);
             }
         }
         changes.apply_to(store).map_err(state_error)
