@@ -80,8 +80,7 @@ impl ValueChanges {
 
     /// Puts `value` under `key`, which `existed` or not before.
     pub fn put(&mut self, key: impl AsRef<[u8]>, value: impl AsRef<[u8]>, existed: bool) {
-        self.writes.put(key, value);
-        self.key_delta += i64::from(!existed);
+        self.put_parts(&[key.as_ref()], &[value.as_ref()], existed);
     }
 
     /// Puts the value made of `value`'s parts under the key made of `key`'s, which `existed`
@@ -93,8 +92,7 @@ impl ValueChanges {
 
     /// Removes `key`, which was stored.
     pub fn remove(&mut self, key: impl AsRef<[u8]>) {
-        self.writes.delete(key);
-        self.key_delta -= 1;
+        self.remove_parts(&[key.as_ref()]);
     }
 
     /// Removes the key made of `key`'s parts, which was stored.

@@ -117,8 +117,9 @@ struct Pending {
 impl Pending {
     /// The pending operations on keys in `range`, in key order.
     fn range(&self, range: &KeyRange) -> impl Iterator<Item = OpRef<'_>> {
-        let from = partition_point(&self.batch, |k| range.before_start(k));
-        let to = partition_point(&self.batch, |k| !range.past_end(k));
+        let all = 0..self.batch.len();
+        let from = partition_point(&self.batch, all.clone(), |k| range.before_start(k));
+        let to = partition_point(&self.batch, all, |k| !range.past_end(k));
         (from..to.max(from)).map(|i| self.batch.at(i))
     }
 }
@@ -1455,21 +1456,20 @@ fn seek(ops: &WriteBatch, from: usize, key: &[u8]) -> usize {
         lo += step;
         step *= 2;
     }
-    let mut hi = (lo + step).min(ops.len());
-    while lo < hi {
-        let mid = lo + (hi - lo) / 2;
-        if below(mid) {
-            lo = mid + 1;
-        } else {
-            hi = mid;
-        }
-    }
-    lo
+    let hi = (lo + step).min(ops.len());
+    partition_point(ops, lo..hi, |k| k < key)
 }
 
-/// The first position in `ops` (in key order) whose key `below` is false for.
-fn partition_point(ops: &WriteBatch, below: impl Fn(&[u8]) -> bool) -> usize {
-    let (mut lo, mut hi) = (0, ops.len());
+/// The first position in `within` of `ops` (in key order) whose key `below` is false for.
+fn partition_point(
+    ops: &WriteBatch,
+    within: std::ops::Range<usize>,
+    below: impl Fn(&[u8]) -> bool,
+) -> usize {
+    let std::ops::Range {
+        start: mut lo,
+        end: mut hi,
+    } = within;
     while lo < hi {
         let mid = lo + (hi - lo) / 2;
         if below(ops.at(mid).0) {
