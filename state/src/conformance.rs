@@ -1,6 +1,6 @@
 //! The contract every state store provider meets, as one test run against each backend.
 
-use crate::{KeyRange, StateStoreProvider, StoreId, WriteBatch};
+use crate::{KeyRange, KeyShape, StateStoreProvider, StoreId, WriteBatch};
 
 fn batch(ops: &[(&str, Option<&str>)]) -> WriteBatch {
     let mut b = WriteBatch::new();
@@ -81,6 +81,8 @@ pub(crate) fn check(provider: &dyn StateStoreProvider, purges_at_once: bool) {
     assert_eq!(strings(s2.scan(&inclusive).unwrap()), at2[1..2].to_vec());
     drop(s2);
 
+    check_prefix_scans(provider);
+
     // Older versions stay readable until purged; stores do not see each other. (A store has
     // one live instance at a time: each check opens afresh.)
     let s1 = provider.open(&id, 1).unwrap();
@@ -130,4 +132,82 @@ pub(crate) fn check(provider: &dyn StateStoreProvider, purges_at_once: bool) {
     assert!(provider.open(&id, 2).is_ok());
     // A version never written is an error too, except the empty version 0 of a new store.
     assert!(provider.open(&other, 5).is_err());
+}
+
+/// What [`crate::StateStore::scan_prefixes`] visits in `provider`'s store `id`, asked for
+/// `prefixes`: (prefix index, key, value) each.
+fn prefix_scan(s: &dyn crate::StateStore, prefixes: &[&str]) -> Vec<(usize, String, String)> {
+    let prefixes: Vec<&[u8]> = prefixes.iter().map(|p| p.as_bytes()).collect();
+    let mut seen = vec![];
+    s.scan_prefixes(&prefixes, &mut |i, k, v| {
+        seen.push((
+            i,
+            String::from_utf8(k.to_vec()).unwrap(),
+            String::from_utf8(v.to_vec()).unwrap(),
+        ))
+    })
+    .unwrap();
+    seen
+}
+
+/// Prefix scans, in a store of join-like keys (a two-byte prefix and an eight-byte suffix) and
+/// in an opaque one: committed and staged writes of each prefix asked for, in prefix and key
+/// order, deletes left out, absent and repeated prefixes.
+fn check_prefix_scans(provider: &dyn StateStoreProvider) {
+    let rows = StoreId::new(0, 4, "rows");
+    let shape = KeyShape::Prefixed { suffix: 8 };
+    let mut s = provider.open_shaped(&rows, 0, shape).unwrap();
+    s.apply(batch(&[
+        ("k1-0000001", Some("a")),
+        ("k1-0000002", Some("b")),
+        ("k2-0000001", Some("c")),
+        ("k3-0000001", Some("d")),
+    ]))
+    .unwrap();
+    s.commit().unwrap();
+    drop(s);
+    let mut s = provider.open_shaped(&rows, 1, shape).unwrap();
+    s.apply(batch(&[
+        ("k1-0000001", None),
+        ("k2-0000000", Some("e")),
+        ("k3-0000001", Some("f")),
+        ("k4-0000001", Some("g")),
+    ]))
+    .unwrap();
+    let want = |i: usize, k: &str, v: &str| (i, k.to_string(), v.to_string());
+    assert_eq!(
+        prefix_scan(s.as_ref(), &["k3", "k1", "k4", "k5", "k2", "k1"]),
+        vec![
+            want(1, "k1-0000002", "b"),
+            want(5, "k1-0000002", "b"),
+            want(4, "k2-0000000", "e"),
+            want(4, "k2-0000001", "c"),
+            want(0, "k3-0000001", "f"),
+            want(2, "k4-0000001", "g"),
+        ]
+    );
+    assert!(prefix_scan(s.as_ref(), &[]).is_empty());
+    s.commit().unwrap();
+    drop(s);
+    let s = provider.open(&rows, 2).unwrap();
+    assert_eq!(
+        prefix_scan(s.as_ref(), &["k2", "k0"]),
+        vec![want(0, "k2-0000000", "e"), want(0, "k2-0000001", "c")]
+    );
+    drop(s);
+
+    // In an opaque store a prefix is any leading bytes of a key.
+    let opaque = StoreId::new(0, 5, "default");
+    let mut s = provider.open(&opaque, 0).unwrap();
+    s.apply(batch(&[
+        ("a", Some("1")),
+        ("ab", Some("2")),
+        ("b", Some("3")),
+    ]))
+    .unwrap();
+    assert_eq!(
+        prefix_scan(s.as_ref(), &["a", "ab", "c"]),
+        vec![want(0, "a", "1"), want(0, "ab", "2"), want(1, "ab", "2")]
+    );
+    s.commit().unwrap();
 }

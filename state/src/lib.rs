@@ -22,7 +22,10 @@ pub use codec::key_partition;
 pub use error::{Error, Result};
 pub use memory::MemoryStateStoreProvider;
 pub use rocksdb::{RocksDbConfig, RocksDbStateStoreProvider};
-pub use store::{KeyRange, StateStore, StateStoreProvider, StoreId, StoreMetrics, WriteBatch};
+pub use store::{
+    KeyRange, KeyShape, PrefixVisitor, StateStore, StateStoreProvider, StoreId, StoreMetrics,
+    WriteBatch,
+};
 
 #[cfg(test)]
 pub(crate) mod conformance;

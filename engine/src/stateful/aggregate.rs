@@ -717,7 +717,11 @@ mod tests {
         .enumerate()
         {
             let (op, partial) = planned(sql, &rows).await;
-            let mut stores = vec![state.open_store(0, 0, STORE, n as u64).unwrap()];
+            let mut stores = vec![
+                state
+                    .open_store(0, 0, (STORE, weir_state::KeyShape::Opaque), n as u64)
+                    .unwrap(),
+            ];
             let processed = op
                 .process(Step {
                     input: vec![partial],

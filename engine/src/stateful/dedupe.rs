@@ -671,7 +671,11 @@ mod tests {
                 .info
                 .store_names
                 .iter()
-                .map(|name| state.open_store(0, 0, name, n as u64).unwrap())
+                .map(|name| {
+                    state
+                        .open_store(0, 0, (name, weir_state::KeyShape::Opaque), n as u64)
+                        .unwrap()
+                })
                 .collect();
             let processed = op
                 .process(Step {
@@ -743,7 +747,9 @@ mod tests {
             OutputMode::Append,
         )
         .unwrap();
-        let mut store = state.open_store(0, 0, STORE, 0).unwrap();
+        let mut store = state
+            .open_store(0, 0, (STORE, weir_state::KeyShape::Opaque), 0)
+            .unwrap();
         let mut stored = ValueChanges::new();
         stored.put(
             op.encode_keys(&rows(&[(7, 1)]), None)

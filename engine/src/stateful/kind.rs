@@ -91,6 +91,13 @@ impl OperatorInfo {
     pub(crate) fn kind(&self) -> Option<OperatorKind> {
         OperatorKind::of(&self.operator_name)
     }
+
+    /// What the keys of the operator's store `store` are made of.
+    pub(crate) fn key_shape(&self, store: &str) -> weir_state::KeyShape {
+        self.kind().map_or(weir_state::KeyShape::Opaque, |k| {
+            k.format().key_shape(store)
+        })
+    }
 }
 
 /// Where repartitioning sends a store's entries.
@@ -137,6 +144,11 @@ pub(crate) trait StateFormat: Sync {
     /// Where repartitioning sends the entries of store `store`.
     fn placement(&self, _store: &str) -> Placement {
         Placement::ByKey
+    }
+
+    /// What the keys of store `store` are made of, for the backend to index.
+    fn key_shape(&self, _store: &str) -> weir_state::KeyShape {
+        weir_state::KeyShape::Opaque
     }
 }
 

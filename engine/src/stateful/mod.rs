@@ -403,18 +403,19 @@ impl StateRun {
     }
 
     /// Opens store `name` of operator `operator` for `partition`, at the state version batch
-    /// `batch` reads.
+    /// `batch` reads; its keys have `shape`.
     pub(crate) fn open_store(
         &self,
         operator: u32,
         partition: usize,
-        name: &str,
+        (name, shape): (&str, weir_state::KeyShape),
         batch: u64,
     ) -> weir_state::Result<Box<dyn weir_state::StateStore>> {
         let info = self.layout_of(operator);
-        self.provider.open(
+        self.provider.open_shaped(
             &weir_state::StoreId::new(info.state_id(), partition as u32, name),
             info.state_version(batch),
+            shape,
         )
     }
 
@@ -424,7 +425,7 @@ impl StateRun {
     /// found inside the batch after its offsets were logged and older ones purged. The rebuilt
     /// instances stay open for the batch. Stores open in parallel, as the batch would.
     pub(crate) fn prepare(&self, operators: &[OperatorInfo], batch: u64) -> EngineResult<()> {
-        let stores: Vec<(u32, usize, &str)> = stores_of(operators).collect();
+        let stores: Vec<(&OperatorInfo, usize, &str)> = stores_of(operators).collect();
         let threads = std::thread::available_parallelism()
             .map_or(1, |n| n.get())
             .min(stores.len().max(1));
@@ -434,8 +435,9 @@ impl StateRun {
                 .chunks(chunk)
                 .map(|part| {
                     scope.spawn(move || {
-                        for &(operator, partition, name) in part {
-                            self.open_store(operator, partition, name, batch)?;
+                        for &(op, partition, name) in part {
+                            let shape = op.key_shape(name);
+                            self.open_store(op.operator_id, partition, (name, shape), batch)?;
                         }
                         Ok::<_, weir_state::Error>(())
                     })
@@ -452,8 +454,8 @@ impl StateRun {
 
     /// Lets every store of `operators` forget what batches from `batch` on do not need.
     pub(crate) fn purge_below(&self, operators: &[OperatorInfo], batch: u64) -> EngineResult<()> {
-        for (operator, partition, name) in stores_of(operators) {
-            let info = self.layout_of(operator);
+        for (op, partition, name) in stores_of(operators) {
+            let info = self.layout_of(op.operator_id);
             let id = weir_state::StoreId::new(info.state_id(), partition as u32, name);
             self.provider
                 .purge_below(&id, info.state_version(batch))
@@ -463,14 +465,11 @@ impl StateRun {
     }
 }
 
-/// Every state store of `operators`: (operator ID, partition, store name).
-fn stores_of(operators: &[OperatorInfo]) -> impl Iterator<Item = (u32, usize, &str)> {
+/// Every state store of `operators`: (operator, partition, store name).
+fn stores_of(operators: &[OperatorInfo]) -> impl Iterator<Item = (&OperatorInfo, usize, &str)> {
     operators.iter().flat_map(|op| {
-        (0..op.num_partitions).flat_map(move |p| {
-            op.store_names
-                .iter()
-                .map(move |n| (op.operator_id, p, n.as_str()))
-        })
+        (0..op.num_partitions)
+            .flat_map(move |p| op.store_names.iter().map(move |n| (op, p, n.as_str())))
     })
 }
 

@@ -211,7 +211,10 @@ impl<O: StatefulOperator> Shell<O> {
         let mut stores = info
             .store_names
             .iter()
-            .map(|name| run.open_store(info.operator_id, partition, name, self.batch.batch))
+            .map(|name| {
+                let store = (name.as_str(), info.key_shape(name));
+                run.open_store(info.operator_id, partition, store, self.batch.batch)
+            })
             .collect::<weir_state::Result<Vec<_>>>()
             .map_err(state_error)?;
         let opened = opening.elapsed();

@@ -140,7 +140,12 @@ impl Harness {
             .iter()
             .map(|name| {
                 self.run
-                    .open_store(info.operator_id, 0, name, self.batch)
+                    .open_store(
+                        info.operator_id,
+                        0,
+                        (name, info.key_shape(name)),
+                        self.batch,
+                    )
                     .expect("an in-memory store opens")
             })
             .collect()

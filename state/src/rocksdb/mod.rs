@@ -28,7 +28,10 @@ use rocksdb::{
     BlockBasedOptions, Cache, DB, IteratorMode, Options, ReadOptions, WriteBufferManager,
 };
 
-use crate::store::{KeyRange, StateStore, StateStoreProvider, StoreId, StoreMetrics, WriteBatch};
+use crate::store::{
+    KeyRange, KeyShape, PrefixVisitor, StateStore, StateStoreProvider, StoreId, StoreMetrics,
+    WriteBatch,
+};
 use crate::{Error, Result};
 
 const META_CF: &str = "weir_meta";
@@ -178,6 +181,9 @@ pub struct RocksDbStateStoreProvider {
     local_dir: PathBuf,
     shared: Shared,
     open: Mutex<HashMap<StoreId, Arc<DB>>>,
+    /// The shape each store was opened with ([`StateStoreProvider::open_shaped`]): its
+    /// instance is opened (or restored) with the options of that shape.
+    shapes: Mutex<HashMap<StoreId, KeyShape>>,
     uploads: Uploads,
     /// Replays in progress: they share [`REPLAY_BUDGET_BYTES`].
     replaying: Arc<std::sync::atomic::AtomicUsize>,
@@ -227,6 +233,7 @@ impl RocksDbStateStoreProvider {
                 config,
             },
             open: Mutex::new(HashMap::new()),
+            shapes: Mutex::new(HashMap::new()),
             uploads: Arc::default(),
             replaying: Arc::default(),
         }
@@ -260,7 +267,7 @@ impl RocksDbStateStoreProvider {
         // lock file would fail the second open, which returns the first's instance if that is
         // in the map by then and the lock error otherwise.
         let path = self.local_dir.join(Self::rel(id));
-        let opened = open_db(&path, &self.shared);
+        let opened = open_db(&path, &self.shared, self.shape(id));
         let mut open = lock()?;
         if let Some(db) = open.get(id) {
             return Ok(Arc::clone(db));
@@ -268,6 +275,15 @@ impl RocksDbStateStoreProvider {
         let db = Arc::new(opened.map_err(|e| backend(id, e))?);
         open.insert(id.clone(), Arc::clone(&db));
         Ok(db)
+    }
+
+    /// The shape `id` was opened with (opaque if none was said).
+    fn shape(&self, id: &StoreId) -> KeyShape {
+        self.shapes
+            .lock()
+            .ok()
+            .and_then(|s| s.get(id).copied())
+            .unwrap_or_default()
     }
 
     fn store_dir(&self, id: &StoreId) -> PathBuf {
@@ -320,9 +336,12 @@ impl RocksDbStateStoreProvider {
         };
         let db = match snapshot::read(&self.store_dir(id), version)? {
             snapshot::Snapshot::Image(bytes) => {
-                let db = open_db(path, &self.shared).map_err(|e| backend(id, e))?;
+                let shape = self.shape(id);
+                let db = open_db(path, &self.shared, shape).map_err(|e| backend(id, e))?;
                 let sst = path.with_extension("restore.sst");
-                let loaded = snapshot::load_image(&file, &bytes, &db, &sst);
+                // Written with the instance's options: its filters, prefixes' included.
+                let opts = db_options(&self.shared, shape);
+                let loaded = snapshot::load_image(&file, &bytes, &db, &sst, &opts);
                 let _ = std::fs::remove_file(&sst);
                 let header = loaded?;
                 if header.version != version {
@@ -343,7 +362,7 @@ impl RocksDbStateStoreProvider {
             }
             snapshot::Snapshot::Files(manifest) => {
                 snapshot::restore(&self.store_dir(id), &manifest, path)?;
-                let db = open_db(path, &self.shared)
+                let db = open_db(path, &self.shared, self.shape(id))
                     .map_err(|e| damaged(format!("lists files RocksDB cannot open ({e})")))?;
                 verify_all(&db).map_err(|e| damaged(format!("lists a damaged file ({e})")))?;
                 db
@@ -363,7 +382,7 @@ impl RocksDbStateStoreProvider {
     /// Empties the local instance (to be rebuilt from the changelogs).
     fn clear_local(&self, id: &StoreId, db: &DB) -> Result<()> {
         let mut wb = rocksdb::WriteBatch::default();
-        for item in db.iterator(IteratorMode::Start) {
+        for item in db.iterator_opt(IteratorMode::Start, total_order()) {
             let (k, _) = item.map_err(|e| backend(id, e))?;
             wb.delete(k);
         }
@@ -612,7 +631,7 @@ fn key_hash(key: &[u8]) -> u64 {
 
 /// Whether `db` holds no entry (deleted ones aside).
 fn is_empty(db: &DB) -> std::result::Result<bool, rocksdb::Error> {
-    db.iterator(IteratorMode::Start)
+    db.iterator_opt(IteratorMode::Start, total_order())
         .next()
         .transpose()
         .map(|first| first.is_none())
@@ -830,7 +849,7 @@ fn verify_all(db: &DB) -> std::result::Result<(), rocksdb::Error> {
         let Some(handle) = db.cf_handle(cf) else {
             continue;
         };
-        let mut read = rocksdb::ReadOptions::default();
+        let mut read = total_order();
         read.set_verify_checksums(true);
         read.fill_cache(false);
         for item in db.iterator_cf_opt(handle, read, IteratorMode::Start) {
@@ -840,7 +859,9 @@ fn verify_all(db: &DB) -> std::result::Result<(), rocksdb::Error> {
     Ok(())
 }
 
-fn open_db(path: &Path, shared: &Shared) -> std::result::Result<DB, rocksdb::Error> {
+/// The options of an instance's column family of data for a store of `shape`; the meta column
+/// family is the same without a prefix extractor.
+fn db_options(shared: &Shared, shape: KeyShape) -> Options {
     let mut table = BlockBasedOptions::default();
     table.set_block_cache(&shared.cache);
     // Index and filter blocks stay in each table reader (about 1-2 % of the data, counted in
@@ -850,6 +871,7 @@ fn open_db(path: &Path, shared: &Shared) -> std::result::Result<DB, rocksdb::Err
     // time).
     table.set_cache_index_and_filter_blocks(false);
     // Most lookups of a batch's new keys miss: a bloom filter answers them without reading.
+    // With a prefix extractor it holds the prefixes too, for seeks.
     table.set_bloom_filter(10.0, false);
     let mut opts = Options::default();
     opts.create_if_missing(true);
@@ -868,15 +890,72 @@ fn open_db(path: &Path, shared: &Shared) -> std::result::Result<DB, rocksdb::Err
     opts.set_log_level(rocksdb::LogLevel::Warn);
     opts.set_max_log_file_size(1 << 20);
     opts.set_keep_log_file_num(2);
-    DB::open_cf_descriptors(&opts, path, families(&opts))
+    if let KeyShape::Prefixed { suffix } = shape
+        && let Some(extractor) = prefix_extractor(suffix)
+    {
+        opts.set_prefix_extractor(extractor);
+        // The memtables hold most of a join's recent rows: a prefix filter of their own
+        // (2 % of a memtable's size) spares a skip-list search per absent prefix.
+        opts.set_memtable_prefix_bloom_ratio(0.02);
+    }
+    opts
 }
 
-/// An instance's column families, each with `opts`: `DB::open_cf` gives the ones it names
-/// RocksDB's defaults (its own 32 MiB block cache per family and instance, 64 MiB memtables, no
-/// bloom filter), which grew a join's memory by a cache per store whatever the bounds said.
-fn families(opts: &Options) -> [rocksdb::ColumnFamilyDescriptor; 2] {
-    [rocksdb::DEFAULT_COLUMN_FAMILY_NAME, META_CF]
-        .map(|name| rocksdb::ColumnFamilyDescriptor::new(name, opts.clone()))
+/// The prefix extractor of a [`KeyShape::Prefixed`] store with `suffix` bytes after the prefix
+/// (the suffixes weir's operators use; another gets none and its scans read without the
+/// filter). RocksDB records an extractor's name in each file it filters and uses a file's prefix
+/// filter only under the same name, so a name is never reused for another extractor.
+fn prefix_extractor(suffix: usize) -> Option<rocksdb::SliceTransform> {
+    fn before<const N: usize>(key: &[u8]) -> &[u8] {
+        &key[..key.len().saturating_sub(N)]
+    }
+    fn holds<const N: usize>(key: &[u8]) -> bool {
+        key.len() >= N
+    }
+    let create = rocksdb::SliceTransform::create;
+    match suffix {
+        8 => Some(create("weir.prefix-then-8", before::<8>, Some(holds::<8>))),
+        12 => Some(create(
+            "weir.prefix-then-12",
+            before::<12>,
+            Some(holds::<12>),
+        )),
+        16 => Some(create(
+            "weir.prefix-then-16",
+            before::<16>,
+            Some(holds::<16>),
+        )),
+        _ => None,
+    }
+}
+
+/// Reads in key order over every key: an instance of a [`KeyShape::Prefixed`] store seeks
+/// within one prefix unless told otherwise, which a range scan must be.
+fn total_order() -> ReadOptions {
+    let mut read = ReadOptions::default();
+    read.set_total_order_seek(true);
+    read
+}
+
+fn open_db(
+    path: &Path,
+    shared: &Shared,
+    shape: KeyShape,
+) -> std::result::Result<DB, rocksdb::Error> {
+    let data = db_options(shared, shape);
+    let meta = db_options(shared, KeyShape::Opaque);
+    DB::open_cf_descriptors(&data, path, families(&data, &meta))
+}
+
+/// An instance's column families: the data with `data`, the version marker and key count with
+/// `meta`. `DB::open_cf` gives the ones it names RocksDB's defaults (its own 32 MiB block cache
+/// per family and instance, 64 MiB memtables, no bloom filter), which grew a join's memory by
+/// a cache per store whatever the bounds said.
+fn families(data: &Options, meta: &Options) -> [rocksdb::ColumnFamilyDescriptor; 2] {
+    [
+        rocksdb::ColumnFamilyDescriptor::new(rocksdb::DEFAULT_COLUMN_FAMILY_NAME, data.clone()),
+        rocksdb::ColumnFamilyDescriptor::new(META_CF, meta.clone()),
+    ]
 }
 
 fn backend(id: &StoreId, e: impl std::fmt::Display) -> Error {
@@ -1144,68 +1223,9 @@ fn decode_changelog(bytes: &[u8]) -> Option<(WriteBatch, Option<u64>)> {
     Changelog::decode(bytes).map(|c| (c.batch(), c.num_keys))
 }
 
-impl StateStoreProvider for RocksDbStateStoreProvider {
-    fn name(&self) -> &'static str {
-        "rocksdb"
-    }
-
-    fn supports_async_checkpoint(&self) -> bool {
-        true
-    }
-
-    fn wait_durable(&self, version: u64) -> Result<()> {
-        let ids: Vec<StoreId> = self
-            .uploads
-            .lock()
-            .map_err(|_| Error::Backend {
-                store: "uploads".into(),
-                message: "lock poisoned".into(),
-            })?
-            .uploads
-            .iter()
-            .filter(|(_, u)| u.pending.is_some() && u.version <= version)
-            .map(|(id, _)| id.clone())
-            .collect();
-        for id in ids {
-            finish_upload(&self.uploads, &id)?;
-        }
-        Ok(())
-    }
-
-    fn close(&self) -> Result<()> {
-        let ids: Vec<StoreId> = self
-            .uploads
-            .lock()
-            .map_err(|_| Error::Backend {
-                store: "uploads".into(),
-                message: "lock poisoned".into(),
-            })?
-            .uploads
-            .keys()
-            .cloned()
-            .collect();
-        let mut first_error = None;
-        for id in ids {
-            if let Err(e) = finish_upload(&self.uploads, &id) {
-                first_error.get_or_insert(e);
-            }
-        }
-        // Writes skip RocksDB's WAL: flush them so that the next run of the query finds the
-        // instances at their versions rather than replaying the last changelogs, then close
-        // them (the next run of the query in this process opens them again).
-        let open = std::mem::take(&mut *self.open.lock().map_err(|_| Error::Backend {
-            store: "instances".into(),
-            message: "lock poisoned".into(),
-        })?);
-        for (id, db) in open {
-            if let Err(e) = db.flush() {
-                first_error.get_or_insert(backend(&id, e));
-            }
-        }
-        first_error.map_or(Ok(()), Err)
-    }
-
-    fn open(&self, id: &StoreId, version: u64) -> Result<Box<dyn StateStore>> {
+impl RocksDbStateStoreProvider {
+    /// Opens `id` at `version` with the instance options of the shape it was opened with.
+    fn open_store(&self, id: &StoreId, version: u64) -> Result<Box<dyn StateStore>> {
         // An instance this provider has not opened yet was left by an earlier run (or is new).
         let reopened = !self
             .open
@@ -1290,6 +1310,7 @@ impl StateStoreProvider for RocksDbStateStoreProvider {
         Ok(Box::new(RocksDbStateStore {
             id: id.clone(),
             version,
+            shape: self.shape(id),
             db,
             db_path: self.local_dir.join(Self::rel(id)),
             staged: Staged::default(),
@@ -1306,6 +1327,87 @@ impl StateStoreProvider for RocksDbStateStoreProvider {
             background: Arc::clone(&self.uploads),
             asynchronous: self.shared.config.async_checkpoint,
         }))
+    }
+}
+
+impl StateStoreProvider for RocksDbStateStoreProvider {
+    fn name(&self) -> &'static str {
+        "rocksdb"
+    }
+
+    fn supports_async_checkpoint(&self) -> bool {
+        true
+    }
+
+    fn wait_durable(&self, version: u64) -> Result<()> {
+        let ids: Vec<StoreId> = self
+            .uploads
+            .lock()
+            .map_err(|_| Error::Backend {
+                store: "uploads".into(),
+                message: "lock poisoned".into(),
+            })?
+            .uploads
+            .iter()
+            .filter(|(_, u)| u.pending.is_some() && u.version <= version)
+            .map(|(id, _)| id.clone())
+            .collect();
+        for id in ids {
+            finish_upload(&self.uploads, &id)?;
+        }
+        Ok(())
+    }
+
+    fn close(&self) -> Result<()> {
+        let ids: Vec<StoreId> = self
+            .uploads
+            .lock()
+            .map_err(|_| Error::Backend {
+                store: "uploads".into(),
+                message: "lock poisoned".into(),
+            })?
+            .uploads
+            .keys()
+            .cloned()
+            .collect();
+        let mut first_error = None;
+        for id in ids {
+            if let Err(e) = finish_upload(&self.uploads, &id) {
+                first_error.get_or_insert(e);
+            }
+        }
+        // Writes skip RocksDB's WAL: flush them so that the next run of the query finds the
+        // instances at their versions rather than replaying the last changelogs, then close
+        // them (the next run of the query in this process opens them again).
+        let open = std::mem::take(&mut *self.open.lock().map_err(|_| Error::Backend {
+            store: "instances".into(),
+            message: "lock poisoned".into(),
+        })?);
+        for (id, db) in open {
+            if let Err(e) = db.flush() {
+                first_error.get_or_insert(backend(&id, e));
+            }
+        }
+        first_error.map_or(Ok(()), Err)
+    }
+
+    fn open(&self, id: &StoreId, version: u64) -> Result<Box<dyn StateStore>> {
+        self.open_store(id, version)
+    }
+
+    fn open_shaped(
+        &self,
+        id: &StoreId,
+        version: u64,
+        shape: KeyShape,
+    ) -> Result<Box<dyn StateStore>> {
+        // The first shape said stays: the instance was opened with its options.
+        self.shapes
+            .lock()
+            .map_err(|_| backend(id, "lock poisoned"))?
+            .entry(id.clone())
+            .or_insert(shape);
+        self.open_store(id, version)
     }
 
     fn purge_below(&self, id: &StoreId, version: u64) -> Result<()> {
@@ -1396,6 +1498,9 @@ impl Staged {
 struct RocksDbStateStore {
     id: StoreId,
     version: u64,
+    /// The shape of the store's keys: a [`KeyShape::Prefixed`] store's prefix scans seek the
+    /// first key of a prefix, which the instance's prefix filter then recognises.
+    shape: KeyShape,
     db: Arc<DB>,
     db_path: PathBuf,
     /// Writes applied since opening, newest per key; `None` deletes. Hashed: a batch stages
@@ -1579,7 +1684,7 @@ impl StateStore for RocksDbStateStore {
     }
 
     fn scan_each(&self, range: &KeyRange, visit: &mut dyn FnMut(&[u8], &[u8])) -> Result<()> {
-        let mut ro = ReadOptions::default();
+        let mut ro = total_order();
         if let std::ops::Bound::Included(s) | std::ops::Bound::Excluded(s) = &range.start {
             ro.set_iterate_lower_bound(s.clone());
         }
@@ -1624,6 +1729,66 @@ impl StateStore for RocksDbStateStore {
         for (sk, sv) in staged {
             if let Some(sv) = sv {
                 visit(sk, sv);
+            }
+        }
+        Ok(())
+    }
+
+    fn scan_prefixes(&self, prefixes: &[&[u8]], visit: &mut PrefixVisitor<'_>) -> Result<()> {
+        // One iterator for every prefix, in order. In a prefixed store's instance, a seek to a
+        // prefix that no file or memtable holds (by their prefix filters) reads nothing, and
+        // the iterator ends with the prefix; elsewhere the prefix test below ends it.
+        let (suffix, ro) = match self.shape {
+            KeyShape::Prefixed { suffix } => {
+                let mut ro = ReadOptions::default();
+                ro.set_prefix_same_as_start(true);
+                (suffix, ro)
+            }
+            KeyShape::Opaque => (0, total_order()),
+        };
+        let mut order: Vec<usize> = (0..prefixes.len()).collect();
+        order.sort_by(|&a, &b| prefixes[a].cmp(prefixes[b]));
+        // The staged writes (and the version's not yet in the instance, under them) in key
+        // order, once for all prefixes.
+        let mut written: Vec<OpRef<'_>> = self.staged.iter().collect();
+        written.sort_unstable_by(|a, b| a.0.cmp(b.0));
+        if let Some(overlay) = &self.overlay {
+            written = merge_sorted(written, overlay.batch.iter());
+        }
+        let mut it = self.db.raw_iterator_opt(ro);
+        let mut target = Vec::new();
+        for i in order {
+            let prefix = prefixes[i];
+            // The prefix's first possible key, in which the extractor sees the whole prefix.
+            target.clear();
+            target.extend_from_slice(prefix);
+            target.resize(prefix.len() + suffix, 0);
+            it.seek(&target);
+            let mut staged = written[written.partition_point(|(k, _)| *k < prefix)..]
+                .iter()
+                .take_while(|(k, _)| k.starts_with(prefix))
+                .peekable();
+            while let (Some(k), Some(v)) = (it.key(), it.value()) {
+                if !k.starts_with(prefix) {
+                    break;
+                }
+                while let Some((sk, sv)) = staged.next_if(|(sk, _)| *sk < k) {
+                    if let Some(sv) = sv {
+                        visit(i, sk, sv);
+                    }
+                }
+                match staged.next_if(|(sk, _)| *sk == k) {
+                    Some((_, Some(sv))) => visit(i, k, sv),
+                    Some((_, None)) => {}
+                    None => visit(i, k, v),
+                }
+                it.next();
+            }
+            it.status().map_err(|e| backend(&self.id, e))?;
+            for (sk, sv) in staged {
+                if let Some(sv) = sv {
+                    visit(i, sk, sv);
+                }
             }
         }
         Ok(())
@@ -2444,6 +2609,101 @@ mod tests {
             .unwrap()
             .count();
         assert_eq!(left, 0, "no image needs version 1's files");
+    }
+
+    /// The SST prefix-filter checks that said "absent" while `f` ran on this thread.
+    fn prefix_filter_misses(f: impl FnOnce()) -> u64 {
+        use rocksdb::perf::{PerfContext, PerfMetric, PerfStatsLevel, set_perf_stats};
+        set_perf_stats(PerfStatsLevel::EnableCount);
+        let mut perf = PerfContext::default();
+        perf.reset();
+        f();
+        let misses = perf.metric(PerfMetric::BloomSstMissCount);
+        set_perf_stats(PerfStatsLevel::Disable);
+        misses
+    }
+
+    #[test]
+    fn a_prefixed_stores_files_answer_absent_prefixes_from_their_filter() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = provider(&dir, "local");
+        // Join-like keys: a 4-byte join key (even numbers only) and the 12-byte row suffix.
+        let key = |k: u32, row: u32| [&k.to_be_bytes()[..], &[0; 8], &row.to_be_bytes()].concat();
+        let write = |id: &StoreId, shape: KeyShape| {
+            let mut s = p.open_shaped(id, 0, shape).unwrap();
+            let mut batch = WriteBatch::new();
+            for k in (0..2000).step_by(2) {
+                batch.put(key(k, 0), b"x");
+                batch.put(key(k, 1), b"y");
+            }
+            s.apply(batch).unwrap();
+            s.commit().unwrap();
+            p.open.lock().unwrap()[id].flush().unwrap();
+            p.open_shaped(id, 1, shape).unwrap()
+        };
+        let prefixed = StoreId::new(0, 0, "left-rows");
+        let opaque = StoreId::new(0, 1, "default");
+        let rows = write(&prefixed, KeyShape::Prefixed { suffix: 12 });
+        let plain = write(&opaque, KeyShape::Opaque);
+        let odd: Vec<[u8; 4]> = (1..400).step_by(2).map(|k: u32| k.to_be_bytes()).collect();
+        let odd: Vec<&[u8]> = odd.iter().map(|k| &k[..]).collect();
+        for store in [&rows, &plain] {
+            let mut found = 0;
+            let misses = prefix_filter_misses(|| {
+                store
+                    .scan_prefixes(&odd, &mut |_, _, _| found += 1)
+                    .unwrap()
+            });
+            assert_eq!(found, 0);
+            if std::ptr::eq(store, &rows) {
+                // At 10 bits a prefix, about 1 % of the 200 absent prefixes pass the filter.
+                assert!(misses >= 180, "{misses} of 200 absent prefixes filtered");
+            } else {
+                assert_eq!(misses, 0, "an opaque store has no prefix filter");
+            }
+            // Present prefixes: both rows, under the index asked with, from the file.
+            let even: Vec<[u8; 4]> = [1998u32, 0, 500].map(u32::to_be_bytes).to_vec();
+            let even: Vec<&[u8]> = even.iter().map(|k| &k[..]).collect();
+            let mut seen = vec![];
+            store
+                .scan_prefixes(&even, &mut |i, k, v| seen.push((i, k.to_vec(), v.to_vec())))
+                .unwrap();
+            let row = |i: usize, k: u32, r: u32, v: &[u8]| (i, key(k, r), v.to_vec());
+            assert_eq!(
+                seen,
+                vec![
+                    row(1, 0, 0, b"x"),
+                    row(1, 0, 1, b"y"),
+                    row(2, 500, 0, b"x"),
+                    row(2, 500, 1, b"y"),
+                    row(0, 1998, 0, b"x"),
+                    row(0, 1998, 1, b"y"),
+                ]
+            );
+        }
+        // The instance's options say so, for its data and not its meta column family.
+        let options = std::fs::read_dir(
+            dir.path()
+                .join("local")
+                .join(RocksDbStateStoreProvider::rel(&prefixed)),
+        )
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| {
+            p.file_name()
+                .unwrap()
+                .to_string_lossy()
+                .starts_with("OPTIONS-")
+        })
+        .max()
+        .unwrap();
+        let text = std::fs::read_to_string(options).unwrap();
+        assert_eq!(
+            text.matches("\n  prefix_extractor=weir.prefix-then-12")
+                .count(),
+            1
+        );
+        assert_eq!(text.matches("\n  prefix_extractor=nullptr").count(), 1);
     }
 
     #[test]

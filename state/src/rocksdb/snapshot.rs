@@ -23,7 +23,7 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use rocksdb::checkpoint::Checkpoint;
-use rocksdb::{DB, Options, ReadOptions};
+use rocksdb::{DB, Options};
 use serde::{Deserialize, Serialize};
 
 use super::{APPLIED_KEY, META_CF, NUM_KEYS_KEY, VERSION_KEY, backend, checksum};
@@ -217,8 +217,9 @@ fn write_image(staging: &Path, id: &StoreId, version: u64, out: &Path) -> Result
     table.disable_cache();
     let mut opts = Options::default();
     opts.set_block_based_table_factory(&table);
-    let db = DB::open_cf_descriptors_read_only(&opts, staging, super::families(&opts), false)
-        .map_err(|e| backend(id, e))?;
+    let db =
+        DB::open_cf_descriptors_read_only(&opts, staging, super::families(&opts, &opts), false)
+            .map_err(|e| backend(id, e))?;
     let meta = |key: &[u8]| -> Result<Option<Vec<u8>>> {
         let cf = db
             .cf_handle(META_CF)
@@ -245,7 +246,7 @@ fn write_image(staging: &Path, id: &StoreId, version: u64, out: &Path) -> Result
     w.write_all(&(applied.len() as u32).to_le_bytes())
         .map_err(io)?;
     w.write_all(&applied).map_err(io)?;
-    let mut read = ReadOptions::default();
+    let mut read = super::total_order();
     read.fill_cache(false);
     // A raw iterator lends each entry: nothing is copied out of RocksDB's blocks.
     let mut it = db.raw_iterator_opt(read);
@@ -279,7 +280,13 @@ pub(super) struct ImageHeader {
 /// Loads the image `bytes` (of the snapshot file `file`, its CRC checked by [`read`]) into the
 /// empty instance `db`: its entries through an SST file at `sst` that the instance ingests, so
 /// they skip the memtable. Returns the header, for the caller to record in the instance.
-pub(super) fn load_image(file: &Path, bytes: &[u8], db: &DB, sst: &Path) -> Result<ImageHeader> {
+pub(super) fn load_image(
+    file: &Path,
+    bytes: &[u8],
+    db: &DB,
+    sst: &Path,
+    opts: &Options,
+) -> Result<ImageHeader> {
     use std::io::Read;
     let damaged = |problem: String| Error::Corrupt {
         file: file.display().to_string(),
@@ -299,9 +306,7 @@ pub(super) fn load_image(file: &Path, bytes: &[u8], db: &DB, sst: &Path) -> Resu
     let num_keys = read_u64(&mut r)?;
     let mut applied = vec![0u8; read_len(&mut r).map_err(cut)?.unwrap_or(0) as usize];
     r.read_exact(&mut applied).map_err(cut)?;
-    let mut opts = Options::default();
-    opts.set_compression_type(rocksdb::DBCompressionType::Lz4);
-    let mut writer = rocksdb::SstFileWriter::create(&opts);
+    let mut writer = rocksdb::SstFileWriter::create(opts);
     let rocks = |e: rocksdb::Error| Error::Backend {
         store: file.display().to_string(),
         message: e.to_string(),
