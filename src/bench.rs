@@ -374,21 +374,26 @@ async fn run_prepared(cfg: &BenchConfig, input: &Input) -> Result<BenchReport> {
     let progress = collected.detach(&session, &collector).await;
     let (mut restart_ms, mut restart_rebuild_ms) = (None, None);
     if done.is_ok() && cfg.restart {
-        // Until the batch's progress record: the run then closes its instances (flushing
-        // their memtables for the next run), which is the end of a run, not part of a restart.
+        // Until the end of the batch as its progress record tells (its start and duration):
+        // the run then closes its instances (flushing their memtables for the next run), which
+        // ends a run rather than restarting one.
         let timed = |batches: u64| {
             let (run, session) = (&run, &session);
             async move {
                 let first = Arc::new(FirstProgress::default());
                 let listener: Arc<dyn StreamingQueryListener> = Arc::clone(&first) as _;
                 session.streams().add_listener(Arc::clone(&listener));
-                let started = std::time::Instant::now();
+                let started = chrono::Utc::now();
                 let again = run(batches).await;
                 session.streams().flush_listeners().await;
                 session.streams().remove_listener(&listener);
                 again.ok()?;
-                let committed = *first.0.get()?;
-                Some(committed.duration_since(started).as_secs_f64() * 1000.0)
+                let batch = first.0.get()?;
+                let batch_start = chrono::DateTime::parse_from_rfc3339(&batch.timestamp).ok()?;
+                let to_start = batch_start
+                    .signed_duration_since(started)
+                    .num_microseconds()?;
+                Some(to_start as f64 / 1000.0 + batch.batch_duration as f64)
             }
         };
         // One batch each (--max-batches counts a run's own batches).
@@ -695,13 +700,13 @@ impl Collector {
     }
 }
 
-/// When the first progress record reached it.
+/// The first progress record it heard.
 #[derive(Default)]
-struct FirstProgress(std::sync::OnceLock<std::time::Instant>);
+struct FirstProgress(std::sync::OnceLock<StreamingQueryProgress>);
 
 impl StreamingQueryListener for FirstProgress {
-    fn on_query_progress(&self, _: &QueryProgressEvent) {
-        let _ = self.0.set(std::time::Instant::now());
+    fn on_query_progress(&self, e: &QueryProgressEvent) {
+        let _ = self.0.set(e.progress.clone());
     }
 }
 

@@ -189,11 +189,14 @@ fn check_prefix_scans(provider: &dyn StateStoreProvider) {
     assert!(prefix_scan(s.as_ref(), &[]).is_empty());
     s.commit().unwrap();
     drop(s);
+    // Opened without its shape, the store reads as an opaque one: any leading bytes are a
+    // prefix.
     let s = provider.open(&rows, 2).unwrap();
     assert_eq!(
         prefix_scan(s.as_ref(), &["k2", "k0"]),
         vec![want(0, "k2-0000000", "e"), want(0, "k2-0000001", "c")]
     );
+    assert_eq!(prefix_scan(s.as_ref(), &["k"]).len(), 5);
     drop(s);
 
     // In an opaque store a prefix is any leading bytes of a key.

@@ -339,9 +339,10 @@ pub trait StateStoreProvider: Send + Sync + fmt::Debug {
     /// Opens `id` at `version`; version 0 is the empty state before the first batch.
     fn open(&self, id: &StoreId, version: u64) -> Result<Box<dyn StateStore>>;
 
-    /// Opens `id` at `version` as [`StateStoreProvider::open`] does, for a store whose keys
-    /// have `shape`. The first open of a store in a provider decides how the backend lays it
-    /// out; reads and writes are correct whatever it decided.
+    /// Opens `id` at `version` as [`StateStoreProvider::open`] does (which opens an opaque
+    /// store), for a store whose keys have `shape`. A backend lays a store out as the open that
+    /// first brings it into memory says; a store opened with another shape than that reads as
+    /// an opaque one, so reads are correct whatever was decided.
     fn open_shaped(
         &self,
         id: &StoreId,

@@ -335,8 +335,9 @@ struct SideState {
 
 impl SideState {
     /// Reads the stored rows of `keys` from a side store holding `stored` rows: each distinct
-    /// key's rows, or one scan of the whole store when it holds few rows for so many keys (a side that keeps few rows, such as an aggregate's output, met by every row
-    /// of a busy side).
+    /// key's rows, or one scan of the whole store when it holds few rows for so many keys (a
+    /// side that keeps few rows, such as an aggregate's output, met by every row of a busy
+    /// side).
     fn load(store: &dyn StateStore, keys: &[&[u8]], stored: i64, name: &str) -> Result<Self> {
         let mut state = Self::default();
         let wanted: HashSet<&[u8]> = keys.iter().copied().collect();

@@ -118,6 +118,14 @@ struct Pending {
 }
 
 impl Pending {
+    /// The pending operations on keys that begin with `prefix`, in key order.
+    fn with_prefix<'a>(&'a self, prefix: &'a [u8]) -> impl Iterator<Item = OpRef<'a>> {
+        let from = partition_point(&self.batch, 0..self.batch.len(), |k| k < prefix);
+        (from..self.batch.len())
+            .map(|i| self.batch.at(i))
+            .take_while(move |(k, _)| k.starts_with(prefix))
+    }
+
     /// The pending operations on keys in `range`, in key order.
     fn range(&self, range: &KeyRange) -> impl Iterator<Item = OpRef<'_>> {
         let all = 0..self.batch.len();
@@ -181,8 +189,8 @@ pub struct RocksDbStateStoreProvider {
     local_dir: PathBuf,
     shared: Shared,
     open: Mutex<HashMap<StoreId, Arc<DB>>>,
-    /// The shape each store was opened with ([`StateStoreProvider::open_shaped`]): its
-    /// instance is opened (or restored) with the options of that shape.
+    /// The shape each open instance was opened (or restored) with, by the options of which
+    /// it reads: a store asking for another shape reads it as opaque.
     shapes: Mutex<HashMap<StoreId, KeyShape>>,
     uploads: Uploads,
     /// Replays in progress: they share [`REPLAY_BUDGET_BYTES`].
@@ -257,7 +265,8 @@ impl RocksDbStateStoreProvider {
             .join(format!("{version}.changelog"))
     }
 
-    fn db(&self, id: &StoreId) -> Result<Arc<DB>> {
+    /// The open instance of `id`, or the local one opened with the options of `shape`.
+    fn db(&self, id: &StoreId, shape: KeyShape) -> Result<Arc<DB>> {
         let lock = || self.open.lock().map_err(|_| backend(id, "lock poisoned"));
         if let Some(db) = lock()?.get(id) {
             return Ok(Arc::clone(db));
@@ -267,17 +276,27 @@ impl RocksDbStateStoreProvider {
         // lock file would fail the second open, which returns the first's instance if that is
         // in the map by then and the lock error otherwise.
         let path = self.local_dir.join(Self::rel(id));
-        let opened = open_db(&path, &self.shared, self.shape(id));
+        let opened = open_db(&path, &self.shared, shape);
         let mut open = lock()?;
         if let Some(db) = open.get(id) {
             return Ok(Arc::clone(db));
         }
         let db = Arc::new(opened.map_err(|e| backend(id, e))?);
+        self.opened_as(id, shape)?;
         open.insert(id.clone(), Arc::clone(&db));
         Ok(db)
     }
 
-    /// The shape `id` was opened with (opaque if none was said).
+    /// Records that `id`'s instance was opened with the options of `shape`.
+    fn opened_as(&self, id: &StoreId, shape: KeyShape) -> Result<()> {
+        self.shapes
+            .lock()
+            .map_err(|_| backend(id, "lock poisoned"))?
+            .insert(id.clone(), shape);
+        Ok(())
+    }
+
+    /// The shape `id`'s instance was opened with (opaque if none was said).
     fn shape(&self, id: &StoreId) -> KeyShape {
         self.shapes
             .lock()
@@ -319,16 +338,22 @@ impl RocksDbStateStoreProvider {
     /// reads every entry once, so that a damaged snapshot is found now, while an older one can
     /// still be used, rather than by a later batch. A failed restore leaves no local folder
     /// behind.
-    fn restore(&self, id: &StoreId, version: u64) -> Result<Arc<DB>> {
+    fn restore(&self, id: &StoreId, version: u64, shape: KeyShape) -> Result<Arc<DB>> {
         let path = self.local_dir.join(Self::rel(id));
-        let restored = self.restore_at(id, version, &path);
+        let restored = self.restore_at(id, version, &path, shape);
         if restored.is_err() {
             let _ = std::fs::remove_dir_all(&path);
         }
         restored
     }
 
-    fn restore_at(&self, id: &StoreId, version: u64, path: &Path) -> Result<Arc<DB>> {
+    fn restore_at(
+        &self,
+        id: &StoreId,
+        version: u64,
+        path: &Path,
+        shape: KeyShape,
+    ) -> Result<Arc<DB>> {
         let file = snapshot::manifest_path(&self.store_dir(id), version);
         let damaged = |problem: String| Error::Corrupt {
             file: file.display().to_string(),
@@ -336,7 +361,6 @@ impl RocksDbStateStoreProvider {
         };
         let db = match snapshot::read(&self.store_dir(id), version)? {
             snapshot::Snapshot::Image(bytes) => {
-                let shape = self.shape(id);
                 let db = open_db(path, &self.shared, shape).map_err(|e| backend(id, e))?;
                 let sst = path.with_extension("restore.sst");
                 // Written with the instance's options: its filters, prefixes' included.
@@ -362,7 +386,7 @@ impl RocksDbStateStoreProvider {
             }
             snapshot::Snapshot::Files(manifest) => {
                 snapshot::restore(&self.store_dir(id), &manifest, path)?;
-                let db = open_db(path, &self.shared, self.shape(id))
+                let db = open_db(path, &self.shared, shape)
                     .map_err(|e| damaged(format!("lists files RocksDB cannot open ({e})")))?;
                 verify_all(&db).map_err(|e| damaged(format!("lists a damaged file ({e})")))?;
                 db
@@ -375,6 +399,7 @@ impl RocksDbStateStoreProvider {
         }
         let db = Arc::new(db);
         let mut open = self.open.lock().map_err(|_| backend(id, "lock poisoned"))?;
+        self.opened_as(id, shape)?;
         open.insert(id.clone(), Arc::clone(&db));
         Ok(db)
     }
@@ -399,7 +424,7 @@ impl RocksDbStateStoreProvider {
     /// changelogs can bring to `version`; when that snapshot is damaged, from the one before it
     /// (the purge keeps two), and so on down to the changelogs alone. The first failure is the
     /// error when nothing works.
-    fn rebuild(&self, id: &StoreId, db: Arc<DB>, version: u64) -> Result<Arc<DB>> {
+    fn rebuild(&self, id: &StoreId, db: Arc<DB>, version: u64, shape: KeyShape) -> Result<Arc<DB>> {
         let mut bases: Vec<Option<u64>> = snapshot::list(&self.store_dir(id))
             .into_iter()
             .rev()
@@ -420,7 +445,7 @@ impl RocksDbStateStoreProvider {
                     if let Some(d) = db.take() {
                         self.release_local(id, d)?;
                     }
-                    self.restore(id, s).and_then(|d| {
+                    self.restore(id, s, shape).and_then(|d| {
                         db = Some(Arc::clone(&d));
                         self.replay(id, &d, s + 1, version).map(|()| d)
                     })
@@ -428,7 +453,7 @@ impl RocksDbStateStoreProvider {
                 None => {
                     let d = match db.take() {
                         Some(d) => d,
-                        None => self.db(id)?,
+                        None => self.db(id, shape)?,
                     };
                     db = Some(Arc::clone(&d));
                     self.clear_local(id, &d)
@@ -1224,15 +1249,21 @@ fn decode_changelog(bytes: &[u8]) -> Option<(WriteBatch, Option<u64>)> {
 }
 
 impl RocksDbStateStoreProvider {
-    /// Opens `id` at `version` with the instance options of the shape it was opened with.
-    fn open_store(&self, id: &StoreId, version: u64) -> Result<Box<dyn StateStore>> {
+    /// Opens `id` at `version` as a store of `shape`; an instance not open yet is opened with
+    /// that shape's options.
+    fn open_store(
+        &self,
+        id: &StoreId,
+        version: u64,
+        shape: KeyShape,
+    ) -> Result<Box<dyn StateStore>> {
         // An instance this provider has not opened yet was left by an earlier run (or is new).
         let reopened = !self
             .open
             .lock()
             .map_err(|_| backend(id, "lock poisoned"))?
             .contains_key(id);
-        let mut db = self.db(id)?;
+        let mut db = self.db(id, shape)?;
         // The version the background is applying is read through its writes, at once.
         let in_flight = self
             .uploads
@@ -1278,7 +1309,7 @@ impl RocksDbStateStoreProvider {
         } else if diverged || local != version {
             // Rebuild: from the newest snapshot the changelogs can bring to `version`, or from
             // nothing. Only what can be rebuilt is cleared.
-            db = self.rebuild(id, db, version)?;
+            db = self.rebuild(id, db, version, shape)?;
             replayed = None;
         }
         // The first snapshot of a store this process opens comes an interval after it opened,
@@ -1310,7 +1341,12 @@ impl RocksDbStateStoreProvider {
         Ok(Box::new(RocksDbStateStore {
             id: id.clone(),
             version,
-            shape: self.shape(id),
+            // Prefix reads seek within a prefix only where the instance has that extractor.
+            shape: if self.shape(id) == shape {
+                shape
+            } else {
+                KeyShape::Opaque
+            },
             db,
             db_path: self.local_dir.join(Self::rel(id)),
             staged: Staged::default(),
@@ -1392,7 +1428,7 @@ impl StateStoreProvider for RocksDbStateStoreProvider {
     }
 
     fn open(&self, id: &StoreId, version: u64) -> Result<Box<dyn StateStore>> {
-        self.open_store(id, version)
+        self.open_store(id, version, KeyShape::Opaque)
     }
 
     fn open_shaped(
@@ -1401,13 +1437,7 @@ impl StateStoreProvider for RocksDbStateStoreProvider {
         version: u64,
         shape: KeyShape,
     ) -> Result<Box<dyn StateStore>> {
-        // The first shape said stays: the instance was opened with its options.
-        self.shapes
-            .lock()
-            .map_err(|_| backend(id, "lock poisoned"))?
-            .entry(id.clone())
-            .or_insert(shape);
-        self.open_store(id, version)
+        self.open_store(id, version, shape)
     }
 
     fn purge_below(&self, id: &StoreId, version: u64) -> Result<()> {
@@ -1752,9 +1782,6 @@ impl StateStore for RocksDbStateStore {
         // order, once for all prefixes.
         let mut written: Vec<OpRef<'_>> = self.staged.iter().collect();
         written.sort_unstable_by(|a, b| a.0.cmp(b.0));
-        if let Some(overlay) = &self.overlay {
-            written = merge_sorted(written, overlay.batch.iter());
-        }
         let mut it = self.db.raw_iterator_opt(ro);
         let mut target = Vec::new();
         for i in order {
@@ -1764,10 +1791,19 @@ impl StateStore for RocksDbStateStore {
             target.extend_from_slice(prefix);
             target.resize(prefix.len() + suffix, 0);
             it.seek(&target);
-            let mut staged = written[written.partition_point(|(k, _)| *k < prefix)..]
-                .iter()
-                .take_while(|(k, _)| k.starts_with(prefix))
-                .peekable();
+            let from = written.partition_point(|(k, _)| *k < prefix);
+            let to = from + written[from..].partition_point(|(k, _)| k.starts_with(prefix));
+            // The version's writes not yet in the instance, under the staged ones: only the
+            // prefix's, as the overlay is a whole version's writes.
+            let merged;
+            let staged = match &self.overlay {
+                Some(overlay) => {
+                    merged = merge_sorted(written[from..to].to_vec(), overlay.with_prefix(prefix));
+                    &merged[..]
+                }
+                None => &written[from..to],
+            };
+            let mut staged = staged.iter().copied().peekable();
             while let (Some(k), Some(v)) = (it.key(), it.value()) {
                 if !k.starts_with(prefix) {
                     break;
@@ -2269,7 +2305,10 @@ mod tests {
         // The next commit is where the failure surfaces; the local instance never saw version 2.
         let err = s.commit().unwrap_err();
         assert_eq!(err.error_class(), "STATE_STORE_IO_ERROR", "{err}");
-        assert_eq!(local_version(&p.db(&id).unwrap(), &id).unwrap(), 1);
+        assert_eq!(
+            local_version(&p.db(&id, KeyShape::Opaque).unwrap(), &id).unwrap(),
+            1
+        );
     }
 
     #[test]
@@ -2589,7 +2628,7 @@ mod tests {
         let p = configured(&dir, "local-a", 0, false);
         write_versions(&p, &id, 8);
         let store_dir = dir.path().join("checkpoint/0/0/default");
-        let db = p.db(&id).unwrap();
+        let db = p.db(&id, KeyShape::Opaque).unwrap();
         db.flush().unwrap();
         write_files_snapshot(&db, &dir.path().join("local-a/0/0/default"), &store_dir, 8);
         drop(db);
@@ -2794,7 +2833,7 @@ mod tests {
         b.put(b"k", b"v");
         s.apply(b).unwrap();
         s.commit().unwrap();
-        let db = p.db(&id).unwrap();
+        let db = p.db(&id, KeyShape::Opaque).unwrap();
         for name in [rocksdb::DEFAULT_COLUMN_FAMILY_NAME, META_CF] {
             let cf = db.cf_handle(name).unwrap();
             let capacity = db
@@ -2942,7 +2981,7 @@ mod tests {
         assert_eq!(s.metrics().num_keys, 12);
         // 108 rows deleted, 30 deletes of a key never put: only the deletes of rows an earlier
         // chunk put are written, fewer than half of them.
-        let deletes = memtable_deletes(&elsewhere.db(&id).unwrap());
+        let deletes = memtable_deletes(&elsewhere.db(&id, KeyShape::Opaque).unwrap());
         assert!(
             0 < deletes && deletes < 108 / 2,
             "{deletes} deletes written"
