@@ -50,4 +50,4 @@ pub use execution::trigger::Trigger;
 pub use stateful::{StateBackend, auto_cdc_apply_once};
 pub use tools::validate::ValidationReport;
 pub use weir_sinks::OutputMode;
-pub use weir_state::RocksDbConfig;
+pub use weir_state::{RocksDbConfig, SstCompression};

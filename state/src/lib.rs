@@ -21,7 +21,7 @@ pub mod table;
 pub use codec::key_partition;
 pub use error::{Error, Result};
 pub use memory::MemoryStateStoreProvider;
-pub use rocksdb::{RocksDbConfig, RocksDbStateStoreProvider};
+pub use rocksdb::{RocksDbConfig, RocksDbStateStoreProvider, SstCompression};
 pub use store::{
     KeyRange, KeyShape, PrefixVisitor, StateStore, StateStoreProvider, StoreId, StoreMetrics,
     WriteBatch,

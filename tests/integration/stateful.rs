@@ -1551,6 +1551,7 @@ async fn the_rocksdb_store_is_configured_by_options() {
         .option("stateStore.rocksdb.blockCacheSizeMB", 8)
         .option("stateStore.rocksdb.maxMemtableMemoryMB", 8)
         .option("stateStore.rocksdb.writeBufferSizeMB", 2)
+        .option("stateStore.rocksdb.compression", "LZ4")
         .format("noop")
         .start()
         .await
@@ -1560,6 +1561,40 @@ async fn the_rocksdb_store_is_configured_by_options() {
         q.process_all_available().await.unwrap();
     }
     q.stop().await;
+    // The local instances run as told (RocksDB records its options next to its files).
+    let meta: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(ck.path().join("metadata")).unwrap()).unwrap();
+    let prefix = format!("weir-state-{}-", meta["id"].as_str().unwrap());
+    let mut options = vec![];
+    let mut dirs: Vec<std::path::PathBuf> = std::fs::read_dir(std::env::temp_dir())
+        .unwrap()
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().starts_with(&prefix))
+        .map(|e| e.path())
+        .collect();
+    while let Some(dir) = dirs.pop() {
+        for e in std::fs::read_dir(&dir).unwrap().flatten() {
+            if e.path().is_dir() {
+                dirs.push(e.path());
+            } else if e.file_name().to_string_lossy().starts_with("OPTIONS-") {
+                options.push(std::fs::read_to_string(e.path()).unwrap());
+            }
+        }
+    }
+    assert!(!options.is_empty(), "no local instance under {prefix}");
+    for text in &options {
+        let codecs: Vec<&str> = text
+            .lines()
+            .map(str::trim)
+            .filter(|l| l.starts_with("compression="))
+            .collect();
+        assert_eq!(codecs, ["compression=kLZ4Compression"; 2], "{text}");
+    }
+    for e in std::fs::read_dir(std::env::temp_dir()).unwrap().flatten() {
+        if e.file_name().to_string_lossy().starts_with(&prefix) {
+            let _ = std::fs::remove_dir_all(e.path());
+        }
+    }
     let mut snapshots: Vec<String> = std::fs::read_dir(ck.path().join("state/0"))
         .unwrap()
         .flat_map(|p| std::fs::read_dir(p.unwrap().path().join("default")).unwrap())
@@ -1581,6 +1616,18 @@ async fn the_rocksdb_store_is_configured_by_options() {
         .await
         .unwrap_err();
     assert_eq!(err.error_class(), "STREAMING_INVALID_OPTION", "{err}");
+    let df = t.session.context().sql(COUNTS).await.unwrap();
+    let err = t
+        .session
+        .write_stream(df)
+        .output_mode(OutputMode::Update)
+        .option("stateStore.rocksdb.compression", "zstd")
+        .format("noop")
+        .start()
+        .await
+        .unwrap_err();
+    assert_eq!(err.error_class(), "STREAMING_INVALID_OPTION", "{err}");
+    assert!(err.to_string().contains("none or lz4"), "{err}");
 }
 
 #[tokio::test]

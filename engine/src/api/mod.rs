@@ -562,6 +562,8 @@ pub struct DataStreamWriter {
     pub(crate) async_state_checkpoint: bool,
     /// RocksDB settings given as options (`stateStore.rocksdb.*`), applied at start.
     rocksdb_options: Vec<(RocksDbSetting, usize)>,
+    /// `stateStore.rocksdb.compression`.
+    sst_compression: Option<weir_state::SstCompression>,
     /// `stateStore.maintenanceInterval`: the least time between a RocksDB store's snapshots.
     state_maintenance_interval: Option<Duration>,
     /// A malformed writer-level option, reported by `start`.
@@ -601,6 +603,7 @@ impl DataStreamWriter {
             max_watermark: false,
             async_state_checkpoint: false,
             rocksdb_options: vec![],
+            sst_compression: None,
             state_maintenance_interval: None,
             invalid: None,
             source_evolution: false,
@@ -621,6 +624,8 @@ impl DataStreamWriter {
     /// and the RocksDB store's memory and snapshots: `stateStore.rocksdb.blockCacheSizeMB`
     /// (64), `stateStore.rocksdb.maxMemtableMemoryMB` (64, all memtables),
     /// `stateStore.rocksdb.writeBufferSizeMB` (64, one memtable),
+    /// `stateStore.rocksdb.compression` (`none`, the default, or `lz4`: how the local
+    /// instance's SST files are compressed; the checkpoint is zstd-compressed either way),
     /// `stateStore.minDeltasForSnapshot` (10 versions between snapshots) and
     /// `stateStore.maintenanceInterval` (60 s at least between a store's snapshots, as Spark's
     /// maintenance task; `0` snapshots every `minDeltasForSnapshot` versions).
@@ -654,6 +659,20 @@ impl DataStreamWriter {
                         "STREAMING_INVALID_OPTION",
                         "42616",
                         format!("Option '{key}': {e} (a bare number is milliseconds, as Spark's)."),
+                    ))
+                }
+            }
+        } else if key.eq_ignore_ascii_case("stateStore.rocksdb.compression") {
+            match weir_state::SstCompression::parse(&value) {
+                Some(c) => self.sst_compression = Some(c),
+                None => {
+                    self.invalid = Some(Error::user(
+                        "STREAMING_INVALID_OPTION",
+                        "42616",
+                        format!(
+                            "Option '{key}' must be none or lz4 (the codecs this build of \
+                             RocksDB has), not '{value}'."
+                        ),
                     ))
                 }
             }
@@ -985,6 +1004,9 @@ impl DataStreamWriter {
                     }
                     if let Some(d) = self.state_maintenance_interval {
                         config.snapshot_min_interval = d;
+                    }
+                    if let Some(c) = self.sst_compression {
+                        config.compression = c;
                     }
                     StateBackend::RocksDb(config)
                 }
