@@ -844,6 +844,93 @@ fn an_earlier_weirs_dedupe_within_watermark_checkpoint_goes_on_in_its_layout() {
     );
 }
 
+/// A stream-stream join stores only the columns of its sides that are read (here not `lv` nor
+/// `rv`), as Spark's optimizer prunes them; a checkpoint an earlier weir wrote with whole rows
+/// goes on storing whole rows, as its state's schema says, with the rows a new checkpoint gives.
+#[test]
+fn a_join_stores_only_the_columns_read_and_an_earlier_weirs_whole_rows_go_on() {
+    let sql = "CREATE STREAMING TABLE j USING console AS SELECT l.k, l.ts AS lt, r.ts AS rt \
+               FROM (SELECT value % 4 AS k, timestamp AS ts, value * 10 AS lv FROM STREAM \
+               rate_micro_batch(rowsPerBatch => 4, advanceMillisPerBatch => 1000) WATERMARK \
+               timestamp DELAY OF INTERVAL 2 SECONDS) l JOIN (SELECT value % 4 AS k, timestamp \
+               AS ts, value * 100 AS rv FROM STREAM rate_micro_batch(rowsPerBatch => 4, \
+               advanceMillisPerBatch => 1000) WATERMARK timestamp DELAY OF INTERVAL 2 SECONDS) r \
+               ON l.k = r.k AND r.ts BETWEEN l.ts - INTERVAL 1 SECOND AND l.ts + INTERVAL 1 SECOND";
+    let dir = tempfile::tempdir().unwrap();
+    let fixture = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/join-whole-rows-a567ce3");
+    let (old, new) = (dir.path().join("old"), dir.path().join("new"));
+    support::copy_dir(&fixture, &old);
+    // Each batch's printed rows, sorted, by batch.
+    let rows = |ck: &std::path::Path, batches: &str| {
+        let (ok, stdout, stderr) = weir(&[
+            "run",
+            "--checkpoint",
+            ck.to_str().unwrap(),
+            "-e",
+            sql,
+            "--max-batches",
+            batches,
+        ]);
+        assert!(ok, "{stderr}");
+        let mut by_batch: std::collections::BTreeMap<u64, Vec<String>> = Default::default();
+        let mut batch = None;
+        for line in stdout.lines() {
+            if let Some(n) = line.strip_prefix("Batch: ") {
+                batch = Some(n.trim().parse::<u64>().unwrap());
+                by_batch.entry(batch.unwrap()).or_default();
+            } else if line.starts_with("|  ") {
+                by_batch
+                    .get_mut(&batch.unwrap())
+                    .unwrap()
+                    .push(line.to_string());
+            }
+        }
+        for rows in by_batch.values_mut() {
+            rows.sort();
+        }
+        by_batch
+    };
+    // The join's stored value columns, and the conf, as `checkpoint inspect` prints them.
+    let inspect = |ck: &std::path::Path| {
+        let (ok, stdout, stderr) = weir(&["checkpoint", "inspect", ck.to_str().unwrap()]);
+        assert!(ok, "{stderr}");
+        let value = stdout
+            .lines()
+            .skip_while(|l| !l.contains("streamStreamJoin"))
+            .find_map(|l| l.trim().strip_prefix("value: "))
+            .unwrap()
+            .to_string();
+        (value, stdout)
+    };
+    let went_on = rows(&old, "3");
+    let fresh = rows(&new, "6");
+    assert_eq!(went_on.keys().copied().collect::<Vec<_>>(), [3, 4, 5]);
+    for (batch, rows) in &went_on {
+        assert_eq!(rows, &fresh[batch], "batch {batch}");
+        assert!(!rows.is_empty(), "batch {batch} joined nothing");
+    }
+    let (old_value, old_text) = inspect(&old);
+    assert_eq!(
+        old_value,
+        "`left.k` BIGINT, `left.ts` TIMESTAMP, `left.lv` BIGINT, `right.k` BIGINT, \
+         `right.ts` TIMESTAMP, `right.rv` BIGINT"
+    );
+    assert!(
+        old_text.contains("weir.sql.streaming.join.prunedInputs = false"),
+        "{old_text}"
+    );
+    let (new_value, new_text) = inspect(&new);
+    assert_eq!(
+        new_value,
+        "`left.k` BIGINT, `left.ts` TIMESTAMP, `right.k` BIGINT, `right.ts` TIMESTAMP"
+    );
+    assert!(
+        new_text.contains("weir.sql.streaming.join.prunedInputs = true"),
+        "{new_text}"
+    );
+}
+
 /// `SELECT DISTINCT ON (keys) WITHIN WATERMARK` is Spark's `dropDuplicatesWithinWatermark`;
 /// and, with the batch-0 watermark of 0, rows at event time 0 are late for deduplication, a
 /// join and an aggregation by the raw event time (Spark's `eventTime <= watermark`), while a

@@ -83,6 +83,37 @@ pub(crate) const WINDOW_ALIAS_GROUPING: &str = "weir.sql.streaming.groupByWindow
 /// The offsets log's conf key saying the sink was given every batch to record, empty ones too
 /// (a Delta sink commits them): `true` in checkpoints created since, absent in older ones.
 pub(crate) const EVERY_BATCH_RECORDED: &str = "weir.sink.everyBatchRecorded";
+/// The offsets log's conf key saying a stream-stream join's sides are pruned to the columns
+/// read before the join, so that its state stores only those (see
+/// [`weir_planner::join::rewrite_stream_joins`]): `true` in checkpoints created since, absent in
+/// older ones, whose joins keep storing whole rows as their state's schema says.
+pub(crate) const PRUNED_JOIN_INPUTS: &str = "weir.sql.streaming.join.prunedInputs";
+
+/// How a query is planned where weir's planning changed in a way a checkpoint's state depends
+/// on: as the checkpoint was created (each `true` in checkpoints created since the change).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct PlanBehaviours {
+    /// A `GROUP BY` of a `window()`'s alias groups by the call ([`WINDOW_ALIAS_GROUPING`]).
+    pub(crate) window_aliases: bool,
+    /// Stream-stream joins store only the columns read ([`PRUNED_JOIN_INPUTS`]).
+    pub(crate) pruned_join_inputs: bool,
+}
+
+impl PlanBehaviours {
+    /// A new checkpoint's.
+    pub(crate) const NEW: Self = Self {
+        window_aliases: true,
+        pruned_join_inputs: true,
+    };
+
+    /// Those of the checkpoint whose batches ran with `conf` (`None`: a new one).
+    pub(crate) fn of(conf: Option<&BTreeMap<String, String>>) -> Self {
+        Self {
+            window_aliases: created_with(conf, WINDOW_ALIAS_GROUPING),
+            pruned_join_inputs: created_with(conf, PRUNED_JOIN_INPUTS),
+        }
+    }
+}
 
 /// Whether a checkpoint was created with a behaviour that a conf key marks (`key` is `true` in
 /// its logged conf); a new checkpoint (`conf` is `None`) is.
@@ -831,7 +862,7 @@ impl DataStreamWriter {
                  source with read_stream() or FROM STREAM ..., or run it as a batch query.",
             ));
         }
-        let (plan, stateful) = streaming_plan(&self.plan, self.output_mode, true)?;
+        let (plan, stateful) = streaming_plan(&self.plan, self.output_mode, PlanBehaviours::NEW)?;
         // Optimized here only to find errors before anything starts; each batch optimizes the
         // plan again with its own batch time, so now() is the batch's time, as in Spark.
         let optimized = streaming_state(&inner.ctx).optimize(&plan)?;
@@ -980,7 +1011,11 @@ impl DataStreamWriter {
             self.source_evolution.to_string(),
         );
         // Behaviours a checkpoint was created with (or without) stay.
-        for key in [WINDOW_ALIAS_GROUPING, EVERY_BATCH_RECORDED] {
+        for key in [
+            WINDOW_ALIAS_GROUPING,
+            EVERY_BATCH_RECORDED,
+            PRUNED_JOIN_INPUTS,
+        ] {
             conf.insert(key.to_string(), created_with(logged_conf, key).to_string());
         }
 
@@ -1184,17 +1219,16 @@ pub(crate) fn streaming_state(ctx: &SessionContext) -> datafusion::execution::Se
 }
 
 /// `plan` rewritten for streaming (each stateful operator recognised) and checked, with fresh
-/// streaming tables, and whether it has stateful operators. `window_aliases`: group by a
-/// `window()`'s alias as by the call.
+/// streaming tables, and whether it has stateful operators; planned as `behaviours` say.
 pub(crate) fn streaming_plan(
     plan: &LogicalPlan,
     output_mode: OutputMode,
-    window_aliases: bool,
+    behaviours: PlanBehaviours,
 ) -> Result<(LogicalPlan, bool)> {
     let plan = weir_planner::dedupe::rewrite_distinct_on(plan.clone())?;
-    let plan = weir_planner::join::rewrite_stream_joins(plan)?;
+    let plan = weir_planner::join::rewrite_stream_joins(plan, behaviours.pruned_join_inputs)?;
     let plan = weir_planner::top_n::rewrite_top_n(plan)?;
-    let plan = if window_aliases {
+    let plan = if behaviours.window_aliases {
         weir_planner::window::inline_window_aliases(plan)?
     } else {
         plan
@@ -1207,17 +1241,19 @@ pub(crate) fn streaming_plan(
 }
 
 impl Planned {
-    /// This plan of `query` as the checkpoint whose batches ran with `conf` planned it: a
-    /// checkpoint created before a `GROUP BY` of a `window()`'s alias grouped by the call keeps
-    /// grouping by the column, which its state's operators were checked against.
+    /// This plan of `query` as the checkpoint whose batches ran with `conf` planned it (see
+    /// [`PlanBehaviours`]): e.g. a checkpoint created before a `GROUP BY` of a `window()`'s alias
+    /// grouped by the call keeps grouping by the column, and one created before joins pruned
+    /// their sides keeps storing whole rows, as its state's operators were checked against.
     pub(crate) fn for_checkpoint(
         mut self,
         query: &LogicalPlan,
         output_mode: OutputMode,
         conf: Option<&BTreeMap<String, String>>,
     ) -> Result<Self> {
-        if !created_with(conf, WINDOW_ALIAS_GROUPING) {
-            let (plan, stateful) = streaming_plan(query, output_mode, false)?;
+        let behaviours = PlanBehaviours::of(conf);
+        if behaviours != PlanBehaviours::NEW {
+            let (plan, stateful) = streaming_plan(query, output_mode, behaviours)?;
             self.tables = streaming_tables(&plan);
             self.plan = plan;
             self.stateful = stateful;

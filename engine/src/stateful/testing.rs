@@ -66,8 +66,8 @@ impl Harness {
         }
         let sql = weir_planner::statement::rewrite_stream_keyword(sql).expect("the query parses");
         let logical = session.plan_sql(&sql).await.expect("the query plans");
-        let (plan, _) =
-            crate::api::streaming_plan(&logical, mode, true).expect("the query can stream");
+        let (plan, _) = crate::api::streaming_plan(&logical, mode, crate::api::PlanBehaviours::NEW)
+            .expect("the query can stream");
         let tables = streaming_tables(&plan);
         let run = StateRun::open(
             StateBackend::Memory,
