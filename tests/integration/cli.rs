@@ -256,6 +256,57 @@ fn without_a_checkpoint_location_a_temporary_one_is_used_announced_and_removed()
     assert!(!std::path::Path::new(dir).exists(), "{dir} was left behind");
 }
 
+/// `bench --restart` restarts the join on its checkpoint twice (reusing the local instances,
+/// then rebuilding them) and reports each restart's time up to its batch's end, and the batch's
+/// own part of it.
+#[test]
+fn bench_restart_reports_the_restart_and_its_batch() {
+    let (ok, stdout, stderr) = weir(&[
+        "bench",
+        "--workload",
+        "q5",
+        "--batches",
+        "2",
+        "--warmup",
+        "1",
+        "--rows-per-batch",
+        "1000",
+        "--restart",
+        "--json",
+    ]);
+    assert!(ok, "{stderr}");
+    let r: serde_json::Value = serde_json::from_str(stdout.trim()).unwrap();
+    for (total, batch) in [
+        ("restartMs", "restartBatchMs"),
+        ("restartRebuildMs", "restartRebuildBatchMs"),
+    ] {
+        let (total, batch) = (
+            r[total].as_f64().unwrap_or_else(|| panic!("{total}: {r}")),
+            r[batch].as_f64().unwrap_or_else(|| panic!("{batch}: {r}")),
+        );
+        assert!(batch > 0.0 && batch <= total, "{total} {batch}: {r}");
+    }
+    let (ok, table, stderr) = weir(&[
+        "bench",
+        "--workload",
+        "q5",
+        "--batches",
+        "1",
+        "--warmup",
+        "0",
+        "--rows-per-batch",
+        "100",
+        "--restart",
+    ]);
+    assert!(ok, "{stderr}");
+    let line = table
+        .lines()
+        .find(|l| l.starts_with("restart to the next batch committed: "))
+        .unwrap_or_else(|| panic!("{table}"));
+    assert!(line.contains(", of which the batch "), "{line}");
+    assert!(line.contains("rebuilt from the checkpoint: "), "{line}");
+}
+
 #[test]
 fn bench_reports_rates_latencies_and_the_duration_breakdown() {
     let (ok, stdout, stderr) = weir(&[
