@@ -819,6 +819,42 @@ fn a_checkpoint_of_an_earlier_weir_grouping_by_a_window_alias_goes_on_as_it_was_
     assert!(conf(&new).contains("weir.sql.streaming.groupByWindowAlias = true"));
 }
 
+/// The rows `weir run --checkpoint ck -e sql --max-batches batches` printed to the console,
+/// sorted, by batch.
+fn console_rows_by_batch(
+    ck: &std::path::Path,
+    sql: &str,
+    batches: &str,
+) -> std::collections::BTreeMap<u64, Vec<String>> {
+    let (ok, stdout, stderr) = weir(&[
+        "run",
+        "--checkpoint",
+        ck.to_str().unwrap(),
+        "-e",
+        sql,
+        "--max-batches",
+        batches,
+    ]);
+    assert!(ok, "{stderr}");
+    let mut by_batch: std::collections::BTreeMap<u64, Vec<String>> = Default::default();
+    let mut batch = None;
+    for line in stdout.lines() {
+        if let Some(n) = line.strip_prefix("Batch: ") {
+            batch = Some(n.trim().parse::<u64>().unwrap());
+            by_batch.entry(batch.unwrap()).or_default();
+        } else if line.starts_with("|  ") {
+            by_batch
+                .get_mut(&batch.unwrap())
+                .unwrap()
+                .push(line.to_string());
+        }
+    }
+    for rows in by_batch.values_mut() {
+        rows.sort();
+    }
+    by_batch
+}
+
 /// A `dropDuplicatesWithinWatermark` checkpoint an earlier weir wrote (its keys in the store
 /// `default` only, expired ones found by scanning it) goes on in that layout, with the rows a new
 /// checkpoint of the same query gives, which also indexes its keys by expiry.
@@ -833,36 +869,7 @@ fn an_earlier_weirs_dedupe_within_watermark_checkpoint_goes_on_in_its_layout() {
         .join("tests/fixtures/dedupe-within-watermark-5e02e2f");
     let (old, new) = (dir.path().join("old"), dir.path().join("new"));
     support::copy_dir(&fixture, &old);
-    // Each batch's printed rows, by batch.
-    let rows = |ck: &std::path::Path, batches: &str| {
-        let (ok, stdout, stderr) = weir(&[
-            "run",
-            "--checkpoint",
-            ck.to_str().unwrap(),
-            "-e",
-            sql,
-            "--max-batches",
-            batches,
-        ]);
-        assert!(ok, "{stderr}");
-        let mut by_batch: std::collections::BTreeMap<u64, Vec<String>> = Default::default();
-        let mut batch = None;
-        for line in stdout.lines() {
-            if let Some(n) = line.strip_prefix("Batch: ") {
-                batch = Some(n.trim().parse::<u64>().unwrap());
-                by_batch.entry(batch.unwrap()).or_default();
-            } else if line.starts_with("|  ") {
-                by_batch
-                    .get_mut(&batch.unwrap())
-                    .unwrap()
-                    .push(line.to_string());
-            }
-        }
-        for rows in by_batch.values_mut() {
-            rows.sort();
-        }
-        by_batch
-    };
+    let rows = |ck: &std::path::Path, batches: &str| console_rows_by_batch(ck, sql, batches);
     let stores = |ck: &std::path::Path| {
         let (ok, stdout, stderr) = weir(&["checkpoint", "inspect", ck.to_str().unwrap()]);
         assert!(ok, "{stderr}");
@@ -912,36 +919,7 @@ fn a_join_stores_only_the_columns_read_and_an_earlier_weirs_whole_rows_go_on() {
         .join("tests/fixtures/join-whole-rows-a567ce3");
     let (old, new) = (dir.path().join("old"), dir.path().join("new"));
     support::copy_dir(&fixture, &old);
-    // Each batch's printed rows, sorted, by batch.
-    let rows = |ck: &std::path::Path, batches: &str| {
-        let (ok, stdout, stderr) = weir(&[
-            "run",
-            "--checkpoint",
-            ck.to_str().unwrap(),
-            "-e",
-            sql,
-            "--max-batches",
-            batches,
-        ]);
-        assert!(ok, "{stderr}");
-        let mut by_batch: std::collections::BTreeMap<u64, Vec<String>> = Default::default();
-        let mut batch = None;
-        for line in stdout.lines() {
-            if let Some(n) = line.strip_prefix("Batch: ") {
-                batch = Some(n.trim().parse::<u64>().unwrap());
-                by_batch.entry(batch.unwrap()).or_default();
-            } else if line.starts_with("|  ") {
-                by_batch
-                    .get_mut(&batch.unwrap())
-                    .unwrap()
-                    .push(line.to_string());
-            }
-        }
-        for rows in by_batch.values_mut() {
-            rows.sort();
-        }
-        by_batch
-    };
+    let rows = |ck: &std::path::Path, batches: &str| console_rows_by_batch(ck, sql, batches);
     // The join's stored value columns, and the conf, as `checkpoint inspect` prints them.
     let inspect = |ck: &std::path::Path| {
         let (ok, stdout, stderr) = weir(&["checkpoint", "inspect", ck.to_str().unwrap()]);
