@@ -653,8 +653,8 @@ impl DataStreamWriter {
     /// `multipleWatermarkPolicy` (`min`, the default, or `max`, as Spark's
     /// `spark.sql.streaming.multipleWatermarkPolicy`), `asyncStateCheckpoint` (`true`/`false`),
     /// and the RocksDB store's memory and snapshots: `stateStore.rocksdb.blockCacheSizeMB`
-    /// (64), `stateStore.rocksdb.maxMemtableMemoryMB` (32, all memtables),
-    /// `stateStore.rocksdb.writeBufferSizeMB` (32, one memtable),
+    /// (64), `stateStore.rocksdb.maxMemtableMemoryMB` (64, all memtables),
+    /// `stateStore.rocksdb.writeBufferSizeMB` (64, one memtable),
     /// `stateStore.rocksdb.compression` (`none`, the default, or `lz4`: how the local
     /// instance's SST files are compressed; the checkpoint is zstd-compressed either way),
     /// `stateStore.minDeltasForSnapshot` (10 versions between snapshots) and

@@ -58,12 +58,12 @@ const CHANGELOG_ZSTD_LEVEL: i32 = 1;
 pub struct RocksDbConfig {
     /// Block cache for all instances, bytes (default 64 MiB).
     pub block_cache_bytes: usize,
-    /// Memtables of all instances together, bytes, charged to the block cache (default 32 MiB).
+    /// Memtables of all instances together, bytes, charged to the block cache (default 64 MiB).
     pub memtable_bytes: usize,
-    /// One memtable's size before it is flushed, bytes (default 32 MiB; RocksDB's and Spark's
-    /// is 64 MiB; `memtable_bytes` bounds them all together). With both at 32 MiB rather than
-    /// 64, q5 (100 k and 200 k rows per side per batch) ran 8-10 % more rows/s in 20-35 MiB less
-    /// RSS and Nexmark q7 the same (2026-12-07); at 16 MiB, q5 had run ~10 % slower.
+    /// One memtable's size before it is flushed, bytes (default 64 MiB, RocksDB's and so
+    /// Spark's; `memtable_bytes` bounds them all together). Rows a join stores and evicts
+    /// within a few batches are then mostly deleted before they are flushed: at 16 MiB, q5
+    /// ran ~10 % slower.
     pub write_buffer_bytes: usize,
     /// Take a snapshot once this many versions have passed since the last one (default 10,
     /// Spark's `minDeltasForSnapshot`); 0: never.
@@ -122,8 +122,8 @@ impl Default for RocksDbConfig {
     fn default() -> Self {
         Self {
             block_cache_bytes: 64 << 20,
-            memtable_bytes: 32 << 20,
-            write_buffer_bytes: 32 << 20,
+            memtable_bytes: 64 << 20,
+            write_buffer_bytes: 64 << 20,
             snapshot_interval: 10,
             snapshot_min_interval: Duration::from_secs(60),
             async_checkpoint: false,
