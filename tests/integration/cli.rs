@@ -779,17 +779,7 @@ fn a_checkpoint_of_an_earlier_weir_grouping_by_a_window_alias_goes_on_as_it_was_
     support::copy_dir(&fixture, &old);
     // Each batch's updated count, as printed.
     let counts = |ck: &std::path::Path, batches: &str| -> Vec<String> {
-        let (ok, stdout, stderr) = weir(&[
-            "run",
-            "--checkpoint",
-            ck.to_str().unwrap(),
-            "-e",
-            sql,
-            "--max-batches",
-            batches,
-        ]);
-        assert!(ok, "{stderr}");
-        stdout
+        run_on_checkpoint(ck, sql, batches)
             .lines()
             .filter(|l| l.starts_with("|{start"))
             .map(|l| {
@@ -819,13 +809,8 @@ fn a_checkpoint_of_an_earlier_weir_grouping_by_a_window_alias_goes_on_as_it_was_
     assert!(conf(&new).contains("weir.sql.streaming.groupByWindowAlias = true"));
 }
 
-/// The rows `weir run --checkpoint ck -e sql --max-batches batches` printed to the console,
-/// sorted, by batch.
-fn console_rows_by_batch(
-    ck: &std::path::Path,
-    sql: &str,
-    batches: &str,
-) -> std::collections::BTreeMap<u64, Vec<String>> {
+/// What `weir run --checkpoint ck -e sql --max-batches batches` printed; it must succeed.
+fn run_on_checkpoint(ck: &std::path::Path, sql: &str, batches: &str) -> String {
     let (ok, stdout, stderr) = weir(&[
         "run",
         "--checkpoint",
@@ -836,6 +821,17 @@ fn console_rows_by_batch(
         batches,
     ]);
     assert!(ok, "{stderr}");
+    stdout
+}
+
+/// The rows `weir run --checkpoint ck -e sql --max-batches batches` printed to the console,
+/// sorted, by batch.
+fn console_rows_by_batch(
+    ck: &std::path::Path,
+    sql: &str,
+    batches: &str,
+) -> std::collections::BTreeMap<u64, Vec<String>> {
+    let stdout = run_on_checkpoint(ck, sql, batches);
     let mut by_batch: std::collections::BTreeMap<u64, Vec<String>> = Default::default();
     let mut batch = None;
     for line in stdout.lines() {
