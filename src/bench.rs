@@ -118,6 +118,12 @@ pub struct StateFigures {
     /// RocksDB snapshot files copied into the checkpoint during the measured batches
     /// (`rocksdbFilesCopied`, summed): 0 when no snapshot was due.
     pub snapshot_files_copied: i64,
+    /// Median bytes (keys and values) a batch wrote to state (`rocksdbTotalBytesWritten`,
+    /// summed over operators and partitions); 0 without RocksDB.
+    pub bytes_written: f64,
+    /// Median bytes a batch read from state: point reads' values and scans' keys and values
+    /// (`rocksdbTotalBytesRead` + `rocksdbTotalBytesReadThroughIterator`).
+    pub bytes_read: f64,
 }
 
 /// How a benchmark's stateful query checkpoints its state: `weir bench`'s state flags.
@@ -496,6 +502,17 @@ fn summarize(cfg: &BenchConfig, progress: &[StreamingQueryProgress], input: &Inp
             .map(|p| p.state_operators.iter().map(f).sum::<u64>() as f64)
             .collect()
     };
+    let custom_sum = |names: &[&str]| -> Vec<f64> {
+        measured
+            .iter()
+            .map(|p| {
+                p.state_operators
+                    .iter()
+                    .flat_map(|o| names.iter().filter_map(|n| o.custom_metrics.get(*n)))
+                    .sum::<i64>() as f64
+            })
+            .collect()
+    };
     let state = measured
         .last()
         .filter(|p| !p.state_operators.is_empty())
@@ -509,6 +526,12 @@ fn summarize(cfg: &BenchConfig, progress: &[StreamingQueryProgress], input: &Inp
                 .flat_map(|p| &p.state_operators)
                 .filter_map(|o| o.custom_metrics.get("rocksdbFilesCopied"))
                 .sum(),
+            bytes_written: stats(custom_sum(&["rocksdbTotalBytesWritten"])).median,
+            bytes_read: stats(custom_sum(&[
+                "rocksdbTotalBytesRead",
+                "rocksdbTotalBytesReadThroughIterator",
+            ]))
+            .median,
         });
     BenchReport {
         workload: cfg.workload.clone(),
@@ -793,6 +816,14 @@ impl BenchReport {
                 st.commit_time_ms,
                 st.num_rows_total
             );
+            if st.bytes_written > 0.0 || st.bytes_read > 0.0 {
+                s += &format!(
+                    "state bytes per batch (median, summed over partitions): written {:.1} MiB  \
+                     read {:.1} MiB\n",
+                    st.bytes_written / 1048576.0,
+                    st.bytes_read / 1048576.0
+                );
+            }
         }
         s
     }

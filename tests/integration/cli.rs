@@ -286,6 +286,12 @@ fn bench_restart_reports_the_restart_and_its_batch() {
         );
         assert!(batch > 0.0 && batch <= total, "{total} {batch}: {r}");
     }
+    // The state a batch touched, as Spark's RocksDB metrics name it: each batch stores 1,000
+    // new rows a side, each under a key of at least 21 bytes (join key and batch/row suffix),
+    // and reads the sides' row counts.
+    let written = r["state"]["bytesWritten"].as_f64().unwrap_or(0.0);
+    assert!(written >= 2.0 * 1000.0 * 21.0, "{r}");
+    assert!(r["state"]["bytesRead"].as_f64().unwrap_or(0.0) > 0.0, "{r}");
     let (ok, table, stderr) = weir(&[
         "bench",
         "--workload",
@@ -305,6 +311,13 @@ fn bench_restart_reports_the_restart_and_its_batch() {
         .unwrap_or_else(|| panic!("{table}"));
     assert!(line.contains(", of which the batch "), "{line}");
     assert!(line.contains("rebuilt from the checkpoint: "), "{line}");
+    assert!(
+        table
+            .lines()
+            .any(|l| l
+                .starts_with("state bytes per batch (median, summed over partitions): written ")),
+        "{table}"
+    );
 }
 
 #[test]

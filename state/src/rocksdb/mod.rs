@@ -1399,6 +1399,7 @@ impl RocksDbStateStoreProvider {
             overlay,
             background: Arc::clone(&self.uploads),
             asynchronous: self.shared.config.async_checkpoint,
+            io: BatchBytes::default(),
         }))
     }
 }
@@ -1588,6 +1589,24 @@ struct RocksDbStateStore {
     background: Uploads,
     /// Whether commits leave the version's writes to the background (async checkpointing).
     asynchronous: bool,
+    /// The batch's reads and writes, in bytes, for Spark's `rocksdbTotalBytesRead` (values
+    /// point reads returned), `rocksdbTotalBytesReadThroughIterator` (keys and values scans
+    /// visited) and `rocksdbTotalBytesWritten` (keys and values the commit wrote).
+    io: BatchBytes,
+}
+
+/// Bytes a store's batch read and wrote (reads take `&self`: hence cells).
+#[derive(Debug, Default)]
+struct BatchBytes {
+    read: std::cell::Cell<u64>,
+    read_by_iterator: std::cell::Cell<u64>,
+    written: u64,
+}
+
+impl BatchBytes {
+    fn add(cell: &std::cell::Cell<u64>, bytes: usize) {
+        cell.set(cell.get().saturating_add(bytes as u64));
+    }
 }
 
 /// The memtables' memory bound. It is soft while writing; each commit enforces it by flushing,
@@ -1747,10 +1766,16 @@ impl StateStore for RocksDbStateStore {
                 out[i] = v.map_err(|e| backend(&self.id, e))?.map(|v| v.to_vec());
             }
         }
+        BatchBytes::add(&self.io.read, out.iter().flatten().map(Vec::len).sum());
         Ok(out)
     }
 
     fn scan_each(&self, range: &KeyRange, visit: &mut dyn FnMut(&[u8], &[u8])) -> Result<()> {
+        let mut read = 0usize;
+        let mut visit = |k: &[u8], v: &[u8]| {
+            read += k.len() + v.len();
+            visit(k, v);
+        };
         let mut ro = total_order();
         if let std::ops::Bound::Included(s) | std::ops::Bound::Excluded(s) = &range.start {
             ro.set_iterate_lower_bound(s.clone());
@@ -1798,10 +1823,16 @@ impl StateStore for RocksDbStateStore {
                 visit(sk, sv);
             }
         }
+        BatchBytes::add(&self.io.read_by_iterator, read);
         Ok(())
     }
 
     fn scan_prefixes(&self, prefixes: &[&[u8]], visit: &mut PrefixVisitor<'_>) -> Result<()> {
+        let mut read = 0usize;
+        let mut visit = |i: usize, k: &[u8], v: &[u8]| {
+            read += k.len() + v.len();
+            visit(i, k, v);
+        };
         // One iterator for every prefix, in order. In a prefixed store's instance, a seek to a
         // prefix that no file or memtable holds (by their prefix filters) reads nothing, and
         // the iterator ends with the prefix; elsewhere the prefix test below ends it.
@@ -1864,6 +1895,7 @@ impl StateStore for RocksDbStateStore {
                 }
             }
         }
+        BatchBytes::add(&self.io.read_by_iterator, read);
         Ok(())
     }
 
@@ -1883,6 +1915,11 @@ impl StateStore for RocksDbStateStore {
         // batch's writes are most of a join's memory at its peak).
         let sorted = staged.sorted();
         let ops = sorted.iter().map(|&(_, op)| op);
+        // The slices' lengths only: the pass reads none of the bytes.
+        self.io.written = ops
+            .clone()
+            .map(|(k, v)| (k.len() + v.map_or(0, <[u8]>::len)) as u64)
+            .sum();
         let key_delta = self.key_delta.replace(0);
         // At most one upload in flight per store: wait for the last one (its failure is this
         // commit's; with async checkpointing the instance is then at this store's version) and
@@ -1980,6 +2017,12 @@ impl StateStore for RocksDbStateStore {
         custom.insert("rocksdbFilesCopied".into(), up.files_copied as i64);
         custom.insert("rocksdbFilesReused".into(), up.files_reused as i64);
         custom.insert("rocksdbCommitCheckpointLatency".into(), up.millis as i64);
+        custom.insert("rocksdbTotalBytesRead".into(), self.io.read.get() as i64);
+        custom.insert(
+            "rocksdbTotalBytesReadThroughIterator".into(),
+            self.io.read_by_iterator.get() as i64,
+        );
+        custom.insert("rocksdbTotalBytesWritten".into(), self.io.written as i64);
         StoreMetrics {
             num_keys: match &self.overlay {
                 Some(p) => p.num_keys,
@@ -2023,6 +2066,44 @@ mod tests {
     fn the_rocksdb_provider_meets_the_state_store_contract() {
         let dir = tempfile::tempdir().unwrap();
         crate::conformance::check(&provider(&dir, "local"), false);
+    }
+
+    #[test]
+    fn a_batch_reports_the_bytes_it_read_and_wrote_under_sparks_metric_names() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = provider(&dir, "local");
+        let id = StoreId::new(1, 0, "default");
+        let bytes = |s: &dyn StateStore, name: &str| s.metrics().custom[name];
+        let mut s = p.open(&id, 0).unwrap();
+        let mut b = WriteBatch::new();
+        b.put(b"k1", b"value-1");
+        b.put(b"k2", b"v2");
+        b.put(b"k3", b"v3");
+        s.apply(b).unwrap();
+        s.commit().unwrap();
+        // Keys and values of the newest write of each key: 2 + 7, 2 + 2, 2 + 2.
+        assert_eq!(bytes(s.as_ref(), "rocksdbTotalBytesWritten"), 17);
+
+        // The next batch's figures start from nothing.
+        let mut s = p.open(&id, 1).unwrap();
+        assert_eq!(bytes(s.as_ref(), "rocksdbTotalBytesRead"), 0);
+        // Point reads count the values found (a staged write's too), not the keys asked for.
+        let mut b = WriteBatch::new();
+        b.put(b"k4", b"v4-new");
+        b.delete(b"k3");
+        s.apply(b).unwrap();
+        s.multi_get(&[b"k1", b"k4", b"k3", b"zz"]).unwrap();
+        assert_eq!(bytes(s.as_ref(), "rocksdbTotalBytesRead"), 7 + 6);
+        // Scans count the keys and values they visit: k1, k2 and the staged k4.
+        s.scan(&KeyRange::all()).unwrap();
+        s.scan_prefixes(&[b"k2"], &mut |_, _, _| {}).unwrap();
+        assert_eq!(
+            bytes(s.as_ref(), "rocksdbTotalBytesReadThroughIterator"),
+            (9 + 4 + 8) + 4
+        );
+        s.commit().unwrap();
+        // A delete writes its key.
+        assert_eq!(bytes(s.as_ref(), "rocksdbTotalBytesWritten"), 8 + 2);
     }
 
     #[test]
