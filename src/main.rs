@@ -46,7 +46,7 @@ mod allocator {
     /// system: 100 instead of v3's 1000. A micro-batch frees most of what it allocated within
     /// a few hundred milliseconds; kept a second, the last batch's buffers stayed resident
     /// beside the next one's (`weir bench --workload q5` at 100 k rows per batch: peak RSS
-    /// 353-373 MiB at 1000 ms, 325 at 100, 298 at 10; rows/s 1-7 % lower at 100 ms, 3-12 % at
+    /// 353-373 MiB at 1000 ms, 325 at 100, 298 at 10; rows/s 1-8 % lower at 100 ms, 3-12 % at
     /// 10. Nexmark q7 on one core: ~60 MiB less at 100 ms, events/s the same).
     const PURGE_DELAY_MS: c_long = 100;
 
