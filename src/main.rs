@@ -43,12 +43,13 @@ mod allocator {
     const PURGE_DELAY: c_int = 15;
 
     /// How long, in milliseconds, mimalloc keeps memory freed before returning it to the
-    /// system: 100 instead of v3's 1000. A micro-batch frees most of what it allocated within
+    /// system: 250 instead of v3's 1000. A micro-batch frees most of what it allocated within
     /// a few hundred milliseconds; kept a second, the last batch's buffers stayed resident
-    /// beside the next one's (`weir bench --workload q5` at 100 k rows per batch: peak RSS
-    /// 353-373 MiB at 1000 ms, 325 at 100, 298 at 10; rows/s 1-8 % lower at 100 ms, 3-12 % at
-    /// 10. Nexmark q7 on one core: ~60 MiB less at 100 ms, events/s the same).
-    const PURGE_DELAY_MS: c_long = 100;
+    /// beside the next one's. `weir bench --workload q5` at 100 k rows per batch, three
+    /// alternating runs each: anonymous memory at its peak 282-296 MiB at 1000 ms, 242-255 at
+    /// 250, 229-237 at 100; median rows/s 631 k, 622 k, 577 k. At 200 k: 36 MiB less at 250
+    /// for the same rate; Nexmark q7 on one core: 35-48 MiB less, the same events/s.
+    const PURGE_DELAY_MS: c_long = 250;
 
     /// Sets the options, where the environment (`MIMALLOC_PURGE_DELAY`) does not: first thing
     /// in `main`, before any other thread exists.
