@@ -496,41 +496,41 @@ fn summarize(cfg: &BenchConfig, progress: &[StreamingQueryProgress], input: &Inp
             (k, stats(v).median)
         })
         .collect();
-    let state_sum = |f: fn(&crate::StateOperatorProgress) -> u64| -> Vec<f64> {
+    // Per measured batch, a figure summed over the stateful operators.
+    let state_sum = |f: &dyn Fn(&crate::StateOperatorProgress) -> u64| -> Vec<f64> {
         measured
             .iter()
             .map(|p| p.state_operators.iter().map(f).sum::<u64>() as f64)
             .collect()
     };
-    let custom_sum = |names: &[&str]| -> Vec<f64> {
-        measured
-            .iter()
-            .map(|p| {
-                p.state_operators
-                    .iter()
-                    .flat_map(|o| names.iter().filter_map(|n| o.custom_metrics.get(*n)))
-                    .sum::<i64>() as f64
-            })
-            .collect()
+    // Custom metrics named `names`, added up (0 where an operator has none).
+    let custom = |names: &'static [&'static str]| {
+        move |o: &crate::StateOperatorProgress| -> u64 {
+            names
+                .iter()
+                .filter_map(|n| o.custom_metrics.get(*n))
+                .map(|v| (*v).max(0) as u64)
+                .sum()
+        }
     };
     let state = measured
         .last()
         .filter(|p| !p.state_operators.is_empty())
         .map(|last| StateFigures {
-            commit_time_ms: stats(state_sum(|o| o.commit_time_ms)).median,
-            all_updates_time_ms: stats(state_sum(|o| o.all_updates_time_ms)).median,
-            all_removals_time_ms: stats(state_sum(|o| o.all_removals_time_ms)).median,
+            commit_time_ms: stats(state_sum(&|o| o.commit_time_ms)).median,
+            all_updates_time_ms: stats(state_sum(&|o| o.all_updates_time_ms)).median,
+            all_removals_time_ms: stats(state_sum(&|o| o.all_removals_time_ms)).median,
             num_rows_total: last.state_operators.iter().map(|o| o.num_rows_total).sum(),
             snapshot_files_copied: measured
                 .iter()
                 .flat_map(|p| &p.state_operators)
                 .filter_map(|o| o.custom_metrics.get("rocksdbFilesCopied"))
                 .sum(),
-            bytes_written: stats(custom_sum(&["rocksdbTotalBytesWritten"])).median,
-            bytes_read: stats(custom_sum(&[
+            bytes_written: stats(state_sum(&custom(&["rocksdbTotalBytesWritten"]))).median,
+            bytes_read: stats(state_sum(&custom(&[
                 "rocksdbTotalBytesRead",
                 "rocksdbTotalBytesReadThroughIterator",
-            ]))
+            ])))
             .median,
         });
     BenchReport {
