@@ -77,21 +77,25 @@ pub fn with_fresh_streaming_tables(plan: LogicalPlan) -> Result<LogicalPlan> {
 
 /// The checks of one streaming aggregation.
 fn check_aggregation(node: &LogicalPlan, mode: OutputMode) -> Option<ClassifiedError> {
-    let nested = node.inputs().iter().any(|i| {
-        i.exists(|n| Ok(is_aggregation(n) && is_streaming(n)))
-            .unwrap_or(false)
-    });
+    let nested = node
+        .inputs()
+        .iter()
+        .any(|i| reaches_updating_aggregation(i));
     // In append mode, with every aggregation grouped by event time (checked with the output
     // mode), the inner one emits each group once, final, when the watermark passes it: the
-    // outer one sees rows, not updates (Spark's chained time-window aggregations).
+    // outer one sees rows, not updates (Spark's chained time-window aggregations). In update
+    // and complete mode an aggregation over a plain one reads its changelog (see
+    // `changelog`); anything else would see every update of the one below as a new row.
     if nested && mode != OutputMode::Append {
         return Some(refuse(
             "UNSUPPORTED_STREAMING_OPERATION.MULTIPLE_STREAMING_AGGREGATIONS",
-            "A streaming aggregation over another streaming aggregation is supported in append \
-             output mode only, with a watermark (as in Spark): in update or complete mode the \
-             outer one would see every update of the inner one as a new row. Group both by \
-             event time (window(...) over a watermarked column, then that window) and use \
-             append mode, or aggregate the sink's output in a batch query."
+            "In update or complete output mode, a streaming aggregation can read another only \
+             when the one below aggregates the stream itself (GROUP BY, not DISTINCT, a top-N \
+             or a session window, and not over a third aggregation) and the path between them \
+             is projections, filters and aliases: the outer one then takes back each row the \
+             inner one updates. Otherwise it would count every update of the one below as a \
+             new row. Restructure the query so, give both aggregations event-time windows and \
+             use append mode, or aggregate the sink's output in a batch query."
                 .into(),
         ));
     }
@@ -117,9 +121,19 @@ fn refuse(class: &'static str, message: String) -> ClassifiedError {
     ClassifiedError::new(class, "0A000", message)
 }
 
+/// Whether an aggregation below `plan` emits updates that `plan` would read as rows: one not
+/// turned into a changelog (see `changelog`).
+fn reaches_updating_aggregation(plan: &LogicalPlan) -> bool {
+    if crate::changelog::ChangelogNode::of(plan).is_some() {
+        return false;
+    }
+    (is_aggregation(plan) && is_streaming(plan))
+        || plan.inputs().into_iter().any(reaches_updating_aggregation)
+}
+
 /// Whether `node` aggregates (GROUP BY, DISTINCT) or ranks (a top-N): an operator whose
 /// output rows, outside append mode, are updates of earlier ones.
-fn is_aggregation(node: &LogicalPlan) -> bool {
+pub(crate) fn is_aggregation(node: &LogicalPlan) -> bool {
     matches!(
         node,
         LogicalPlan::Aggregate(_) | LogicalPlan::Distinct(Distinct::All(_))

@@ -11,6 +11,7 @@
 //! - [`analysis`]: which scans are streaming, and which operations a streaming plan may not
 //!   contain (refused before anything runs).
 //! - [`sink_table`]: reading a weir file sink's output directory through its manifest.
+//! - [`changelog`]: an aggregation over an updating aggregation (retractions between them).
 //! - [`dedupe`]: streaming deduplication (`DISTINCT ON`, `drop_duplicates`).
 //! - [`join`]: joins of two streams, and the event-time range their condition implies.
 //! - [`limits`]: bounds on what one statement may make the planner do (expression depth).
@@ -23,6 +24,7 @@
 
 pub mod analysis;
 pub mod auto_cdc;
+pub mod changelog;
 pub mod dedupe;
 pub mod join;
 pub mod limits;

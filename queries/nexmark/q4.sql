@@ -1,7 +1,6 @@
 -- Nexmark q4: average price per category. The winning (highest) bid of each auction, among the
 -- bids placed while it was open, averaged per category.
 -- weir: outputMode=update
--- weir: unsupported: an aggregation over an updating aggregation (the average of each auction's running maximum) needs retractions
 SELECT q.category, avg(q.final) AS avg_price
 FROM (
     SELECT max(b.price) AS final, a.category

@@ -1235,6 +1235,7 @@ pub(crate) fn streaming_plan(
     };
     let plan = weir_planner::window::expand_sliding_windows(plan)?;
     let plan = weir_planner::session_window::rewrite_session_windows(plan)?;
+    let plan = weir_planner::changelog::rewrite_aggregations_over_updates(plan, output_mode)?;
     check_streaming_plan(&plan, output_mode)?;
     let stateful = has_stateful_operator(&plan);
     Ok((with_fresh_streaming_tables(plan)?, stateful))

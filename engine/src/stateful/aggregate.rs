@@ -21,7 +21,7 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Instant;
 
-use arrow::array::{Array, ArrayRef, Int64Array, RecordBatch, StructArray};
+use arrow::array::{Array, ArrayRef, Int64Array, RecordBatch, StructArray, UInt32Array};
 use arrow::buffer::NullBuffer;
 use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use arrow::row::{RowConverter, SortField};
@@ -290,8 +290,24 @@ pub(crate) struct StreamingAggregate {
     event_time: Option<EventTimeKey>,
     key_fields: Vec<SortField>,
     value_fields: Vec<SortField>,
+    /// DataFusion's aggregate's output.
     schema: SchemaRef,
+    /// What the operator emits: `schema`, and with `changelog` the weight.
+    output_schema: SchemaRef,
+    /// Whether it emits a changelog for an aggregation above it (see `changelog.rs`): each
+    /// changed group's old row (weight -1) and new row (+1), whatever the output mode.
+    changelog: bool,
     info: OperatorInfo,
+}
+
+/// The stored state of some of a batch's groups, as it was before the batch.
+struct Stored {
+    /// Whether each group was stored.
+    found: Vec<bool>,
+    /// The stored ones, by group index.
+    groups: Vec<usize>,
+    /// Their state columns.
+    state: Vec<ArrayRef>,
 }
 
 /// The batch's rows grouped by key and merged into one accumulator per group.
@@ -353,8 +369,74 @@ impl StreamingAggregate {
             key_fields: sort_fields(&key_schema),
             value_fields: sort_fields(&value_schema),
             schema: agg.schema(),
+            output_schema: agg.schema(),
+            changelog: false,
             info,
         })
+    }
+
+    /// The operator emitting a changelog (each changed group's old row with weight -1 and
+    /// new row with +1) for an aggregation above it to read.
+    pub(crate) fn emitting_changelog(self) -> Self {
+        Self {
+            output_schema: super::changelog::with_weight(&self.schema),
+            changelog: true,
+            ..self
+        }
+    }
+
+    /// The batch's changelog: for each group that was stored and whose row changed, the old
+    /// row (weight -1); for each new or changed group, the new row (+1). A group whose row the
+    /// batch left as it was emits nothing.
+    fn changes(&self, keys: &[&[u8]], state: &[ArrayRef], stored: &Stored) -> Result<RecordBatch> {
+        let new = self.evaluate(keys, state)?;
+        let old_keys: Vec<&[u8]> = stored.groups.iter().map(|&g| keys[g]).collect();
+        let old = if old_keys.is_empty() {
+            RecordBatch::new_empty(Arc::clone(&self.schema))
+        } else {
+            self.evaluate(&old_keys, &stored.state)?
+        };
+        let mut inserted = vec![true; keys.len()];
+        let mut retracted: Vec<u32> = vec![];
+        let value_columns = self.schema.fields().len() - self.num_group;
+        if value_columns == 0 {
+            // A grouping without aggregates: a stored key's row is the key, unchanged.
+            for &g in &stored.groups {
+                inserted[g] = false;
+            }
+        } else if !stored.groups.is_empty() {
+            let fields = self.schema.fields()[self.num_group..]
+                .iter()
+                .map(|f| SortField::new(f.data_type().clone()))
+                .collect();
+            let rows = RowConverter::new(fields)?;
+            let now = rows.convert_columns(&new.columns()[self.num_group..])?;
+            let before = rows.convert_columns(&old.columns()[self.num_group..])?;
+            for (i, &g) in stored.groups.iter().enumerate() {
+                if now.row(g) == before.row(i) {
+                    inserted[g] = false;
+                } else {
+                    retracted.push(i as u32);
+                }
+            }
+        }
+        let inserted: Vec<u32> = (0..keys.len() as u32)
+            .filter(|&g| inserted[g as usize])
+            .collect();
+        let weighted = |batch: &RecordBatch, rows: Vec<u32>, weight: i64| -> Result<RecordBatch> {
+            let n = rows.len();
+            let taken = arrow::compute::take_record_batch(batch, &UInt32Array::from(rows))?;
+            let mut columns = taken.columns().to_vec();
+            columns.push(Arc::new(Int64Array::from_value(weight, n)));
+            Ok(RecordBatch::try_new(
+                Arc::clone(&self.output_schema),
+                columns,
+            )?)
+        };
+        Ok(arrow::compute::concat_batches(
+            &self.output_schema,
+            &[weighted(&old, retracted, -1)?, weighted(&new, inserted, 1)?],
+        )?)
     }
 
     /// The position of the group key that is event time (a watermarked column or a window),
@@ -466,10 +548,14 @@ impl StreamingAggregate {
         store: &dyn StateStore,
         values: &RowConverter,
         groups: &mut Groups,
-    ) -> Result<Vec<bool>> {
+    ) -> Result<Stored> {
         let n = groups.keys.len();
         if n == 0 {
-            return Ok(vec![]);
+            return Ok(Stored {
+                found: vec![],
+                groups: vec![],
+                state: vec![],
+            });
         }
         let key_refs: Vec<&[u8]> = groups.keys.iter().map(Vec::as_slice).collect();
         let stored = store.multi_get(&key_refs).map_err(state_error)?;
@@ -478,12 +564,17 @@ impl StreamingAggregate {
             .enumerate()
             .filter_map(|(g, v)| v.as_deref().map(|v| (g, v)))
             .unzip();
+        let mut state = vec![];
         if !found.is_empty() {
             let parser = values.parser();
-            let state = values.convert_rows(bytes.iter().map(|b| parser.parse(b)))?;
+            state = values.convert_rows(bytes.iter().map(|b| parser.parse(b)))?;
             self.aggregates.merge(&mut groups.accs, &state, &found, n)?;
         }
-        Ok(stored.iter().map(Option::is_some).collect())
+        Ok(Stored {
+            found: stored.iter().map(Option::is_some).collect(),
+            groups: found,
+            state,
+        })
     }
 
     /// Writes each group's new state (`state`, the accumulators' state columns; `stored`,
@@ -553,7 +644,7 @@ impl StatefulOperator for StreamingAggregate {
     }
 
     fn schema(&self) -> SchemaRef {
-        Arc::clone(&self.schema)
+        Arc::clone(&self.output_schema)
     }
 
     fn inputs(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
@@ -588,10 +679,20 @@ impl StatefulOperator for StreamingAggregate {
         for acc in &mut groups.accs {
             state.extend(acc.state(EmitTo::All)?);
         }
-        self.write(store.as_mut(), &values, &groups.keys, &state, &stored)?;
+        self.write(store.as_mut(), &values, &groups.keys, &state, &stored.found)?;
 
         let key_refs: Vec<&[u8]> = groups.keys.iter().map(Vec::as_slice).collect();
-        let mut output = match run.output_mode {
+        // A changelog emits changes whatever the query's mode, and its groups leave state
+        // (silently: their last row was emitted) once the watermark passes them.
+        let mode = if self.changelog {
+            OutputMode::Update
+        } else {
+            run.output_mode
+        };
+        let mut output = match mode {
+            OutputMode::Update if self.changelog => {
+                vec![self.changes(&key_refs, &state, &stored)?]
+            }
             OutputMode::Update => vec![self.evaluate(&key_refs, &state)?],
             OutputMode::Complete => {
                 let all = store.scan(&KeyRange::all()).map_err(state_error)?;
@@ -606,16 +707,16 @@ impl StatefulOperator for StreamingAggregate {
         // and (except in complete mode, which keeps everything) they leave state.
         let removing = Instant::now();
         let mut removed = 0u64;
-        if self.event_time.is_some() && run.output_mode != OutputMode::Complete {
+        if self.event_time.is_some() && mode != OutputMode::Complete {
             let expired = self.evict(store.as_mut(), watermark)?;
-            if run.output_mode == OutputMode::Append && !expired.is_empty() {
+            if mode == OutputMode::Append && !expired.is_empty() {
                 output.push(self.evaluate_stored(&values, &expired)?);
             }
             removed = expired.len() as u64;
         }
         let removals = removing.elapsed();
         Ok(Processed {
-            output: arrow::compute::concat_batches(&self.schema, &output)?,
+            output: arrow::compute::concat_batches(&self.output_schema, &output)?,
             rows_updated: n as u64,
             rows_removed: removed,
             rows_dropped_by_watermark: groups.dropped,
@@ -628,9 +729,14 @@ impl StatefulOperator for StreamingAggregate {
     fn describe(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "StatefulAggregateExec: operator={}, {}",
+            "StatefulAggregateExec: operator={}, {}{}",
             self.info.operator_id,
-            self.info.fingerprint.join(", ")
+            self.info.fingerprint.join(", "),
+            if self.changelog {
+                ", emits a changelog"
+            } else {
+                ""
+            }
         )
     }
 }
@@ -698,6 +804,36 @@ mod tests {
     }
 
     async fn two_batches_of(sql: &str, mode: OutputMode) -> Vec<(Vec<String>, u64)> {
+        two_batches_with(sql, mode, false).await
+    }
+
+    /// A changelog for an aggregation above: the first batch inserts every group; the second
+    /// retracts a's old maximum and inserts its new one, inserts the new group c, and emits
+    /// nothing for b, whose maximum its new row (1) left as it was. The query's output mode does
+    /// not change what a changelog emits.
+    #[tokio::test]
+    async fn a_changelog_retracts_each_changed_row_and_skips_unchanged_ones() {
+        for mode in [OutputMode::Update, OutputMode::Complete] {
+            let out = two_batches_with("SELECT k, max(v) AS m FROM t GROUP BY k", mode, true).await;
+            assert_eq!(
+                out,
+                [
+                    (vec!["a,3,1".to_string(), "b,2,1".into()], 2),
+                    (
+                        vec!["a,10,1".to_string(), "a,3,-1".into(), "c,5,1".into()],
+                        3
+                    ),
+                ],
+                "{mode:?}"
+            );
+        }
+    }
+
+    async fn two_batches_with(
+        sql: &str,
+        mode: OutputMode,
+        changelog: bool,
+    ) -> Vec<(Vec<String>, u64)> {
         let state = super::super::StateRun::open(
             super::super::StateBackend::Memory,
             None,
@@ -711,12 +847,17 @@ mod tests {
         let mut out = vec![];
         for (n, rows) in [
             vec![("a", 1), ("b", 2), ("a", 3)],
-            vec![("a", 10), ("c", 5)],
+            vec![("a", 10), ("c", 5), ("b", 1)],
         ]
         .into_iter()
         .enumerate()
         {
             let (op, partial) = planned(sql, &rows).await;
+            let op = if changelog {
+                op.emitting_changelog()
+            } else {
+                op
+            };
             let mut stores = vec![
                 state
                     .open_store(0, 0, (STORE, weir_state::KeyShape::Opaque), n as u64)
@@ -744,7 +885,10 @@ mod tests {
             two_batches(OutputMode::Update).await,
             [
                 (vec!["a,4,2".to_string(), "b,2,1".into()], 2),
-                (vec!["a,14,3".to_string(), "c,5,1".into()], 2),
+                (
+                    vec!["a,14,3".to_string(), "b,3,2".into(), "c,5,1".into()],
+                    3
+                ),
             ]
         );
     }
@@ -754,8 +898,8 @@ mod tests {
         assert_eq!(
             two_batches(OutputMode::Complete).await[1],
             (
-                vec!["a,14,3".to_string(), "b,2,1".into(), "c,5,1".into()],
-                2
+                vec!["a,14,3".to_string(), "b,3,2".into(), "c,5,1".into()],
+                3
             )
         );
     }
@@ -766,6 +910,6 @@ mod tests {
     async fn a_grouping_without_aggregates_keeps_its_keys() {
         let out = two_batches_of("SELECT k FROM t GROUP BY k", OutputMode::Complete).await;
         assert_eq!(out[0], (vec!["a".to_string(), "b".into()], 2));
-        assert_eq!(out[1], (vec!["a".to_string(), "b".into(), "c".into()], 2));
+        assert_eq!(out[1], (vec!["a".to_string(), "b".into(), "c".into()], 3));
     }
 }

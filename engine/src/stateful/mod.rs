@@ -11,6 +11,7 @@
 
 mod aggregate;
 mod auto_cdc;
+mod changelog;
 mod dedupe;
 mod join;
 mod kind;
@@ -649,6 +650,9 @@ fn rewrite(
         operators[id as usize] = exec.info().clone();
         return Ok(Arc::new(exec));
     }
+    if let Some(c) = plan.downcast_ref::<changelog::ChangelogExec>() {
+        return attach_aggregate(c.aggregate()?, true, batch, operators, watermarks);
+    }
     if let Some(agg) = plan.downcast_ref::<AggregateExec>()
         && !matches!(
             agg.mode(),
@@ -656,34 +660,7 @@ fn rewrite(
         )
         && StreamScanExec::is_below(&plan)
     {
-        let id = operators.len() as u32;
-        operators.push(OperatorInfo::placeholder());
-        // Below it: watermarks that record event times, and maybe a deduplication (a second
-        // streaming aggregation is refused at start).
-        let input = rewrite(Arc::clone(agg.input()), batch, operators, watermarks)?;
-        let agg = AggregateExec::try_new(
-            *agg.mode(),
-            Arc::new(agg.group_expr().clone()),
-            agg.aggr_expr().to_vec(),
-            agg.filter_expr().to_vec(),
-            input,
-            agg.input_schema(),
-        )?;
-        let partitions = batch.run()?.partitions;
-        if let Some(key) = session::session_key(&agg)? {
-            let exec = StatefulExec::new(
-                session::SessionWindowAggregate::try_new(&agg, key, id, partitions)?,
-                Arc::clone(batch),
-            );
-            operators[id as usize] = exec.info().clone();
-            return Ok(Arc::new(exec));
-        }
-        let exec = StatefulExec::new(
-            StreamingAggregate::try_new(&agg, id, partitions)?,
-            Arc::clone(batch),
-        );
-        operators[id as usize] = exec.info().clone();
-        return Ok(Arc::new(exec));
+        return attach_aggregate(agg, false, batch, operators, watermarks);
     }
     let children = plan
         .children()
@@ -694,6 +671,46 @@ fn rewrite(
         return Ok(plan);
     }
     datafusion::physical_plan::execution_plan::replace_children_if_necessary(plan, children)
+}
+
+/// DataFusion's aggregate `agg` (not the partial one) as the next stateful operator; with
+/// `changelog`, one that emits retractions for an aggregation above it.
+fn attach_aggregate(
+    agg: &AggregateExec,
+    changelog: bool,
+    batch: &Arc<BatchState>,
+    operators: &mut Vec<OperatorInfo>,
+    watermarks: &mut usize,
+) -> Result<Arc<dyn ExecutionPlan>> {
+    let id = operators.len() as u32;
+    operators.push(OperatorInfo::placeholder());
+    // Below it: watermarks that record event times, and maybe a deduplication, a join or an
+    // aggregation (that one's changelog, or its final rows in append mode).
+    let input = rewrite(Arc::clone(agg.input()), batch, operators, watermarks)?;
+    let agg = AggregateExec::try_new(
+        *agg.mode(),
+        Arc::new(agg.group_expr().clone()),
+        agg.aggr_expr().to_vec(),
+        agg.filter_expr().to_vec(),
+        input,
+        agg.input_schema(),
+    )?;
+    let partitions = batch.run()?.partitions;
+    if !changelog && let Some(key) = session::session_key(&agg)? {
+        let exec = StatefulExec::new(
+            session::SessionWindowAggregate::try_new(&agg, key, id, partitions)?,
+            Arc::clone(batch),
+        );
+        operators[id as usize] = exec.info().clone();
+        return Ok(Arc::new(exec));
+    }
+    let mut operator = StreamingAggregate::try_new(&agg, id, partitions)?;
+    if changelog {
+        operator = operator.emitting_changelog();
+    }
+    let exec = StatefulExec::new(operator, Arc::clone(batch));
+    operators[id as usize] = exec.info().clone();
+    Ok(Arc::new(exec))
 }
 
 #[cfg(test)]

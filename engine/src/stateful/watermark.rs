@@ -234,7 +234,8 @@ impl ExecutionPlan for WatermarkExec {
     }
 }
 
-/// Plans weir's logical nodes: watermarks and deduplication.
+/// Plans weir's logical nodes: watermarks, deduplication, joins of streams, top-N, AUTO CDC
+/// and changelogs.
 struct WatermarkPlanner;
 
 #[async_trait]
@@ -312,6 +313,15 @@ impl ExtensionPlanner for WatermarkPlanner {
         let [input] = physical_inputs else {
             return Ok(None);
         };
+        if node
+            .as_any()
+            .downcast_ref::<weir_planner::changelog::ChangelogNode>()
+            .is_some()
+        {
+            return Ok(Some(Arc::new(super::changelog::ChangelogExec::new(
+                Arc::clone(input),
+            ))));
+        }
         if let Some(w) = node.as_any().downcast_ref::<WatermarkNode>() {
             return Ok(Some(Arc::new(WatermarkExec::try_new(
                 Arc::clone(input),
