@@ -1503,29 +1503,41 @@ impl StateStoreProvider for RocksDbStateStoreProvider {
 #[derive(Default)]
 struct Staged {
     batches: Vec<WriteBatch>,
-    /// (batch, operation) of each staged key's newest write.
-    newest: hashbrown::HashTable<(usize, usize)>,
+    /// (batch, operation) of each staged key's newest write: 32 bits each, half the table a
+    /// pair of `usize`s makes (a join's batch stages hundreds of thousands of keys).
+    newest: hashbrown::HashTable<(u32, u32)>,
     hasher: foldhash::fast::RandomState,
 }
 
 impl Staged {
-    fn op(&self, (b, i): (usize, usize)) -> OpRef<'_> {
-        self.batches[b].at(i)
+    fn op(&self, (b, i): (u32, u32)) -> OpRef<'_> {
+        self.batches[b as usize].at(i as usize)
     }
 
     /// Stages `batch`'s operations over those staged before (a later write of a key wins).
-    fn apply(&mut self, batch: WriteBatch) {
-        let b = self.batches.len();
-        self.newest.reserve(batch.len(), |&at| {
-            self.hasher.hash_one(self.batches[at.0].at(at.1).0)
+    /// Refuses a batch past 2^32 - 1 operations, or past that many batches, which the table's
+    /// positions cannot name.
+    fn apply(&mut self, batch: WriteBatch) -> std::result::Result<(), &'static str> {
+        let too_many = "more than 2^32 - 1 writes or batches staged in one version";
+        let b = u32::try_from(self.batches.len()).map_err(|_| too_many)?;
+        if u32::try_from(batch.len()).is_err() {
+            return Err(too_many);
+        }
+        let (batches, hasher) = (&self.batches, &self.hasher);
+        self.newest.reserve(batch.len(), |&(ob, oi)| {
+            hasher.hash_one(batches[ob as usize].at(oi as usize).0)
         });
-        for i in 0..batch.len() {
-            let key = batch.at(i).0;
+        for i in 0..batch.len() as u32 {
+            let key = batch.at(i as usize).0;
             let hash = self.hasher.hash_one(key);
             let batches = &self.batches;
             let found = self.newest.find_mut(hash, |&(ob, oi)| {
-                let other = if ob == b { &batch } else { &batches[ob] };
-                other.at(oi).0 == key
+                let other = if ob == b {
+                    &batch
+                } else {
+                    &batches[ob as usize]
+                };
+                other.at(oi as usize).0 == key
             });
             match found {
                 Some(at) => *at = (b, i),
@@ -1536,6 +1548,7 @@ impl Staged {
             }
         }
         self.batches.push(batch);
+        Ok(())
     }
 
     /// The newest staged write of `key`: `Some(None)` if it deletes it, `None` if none.
@@ -1904,8 +1917,7 @@ impl StateStore for RocksDbStateStore {
             (Some(a), Some(b)) => Some(a + b),
             _ => None,
         };
-        self.staged.apply(batch);
-        Ok(())
+        self.staged.apply(batch).map_err(|e| backend(&self.id, e))
     }
 
     fn commit(&mut self) -> Result<u64> {
@@ -2901,13 +2913,13 @@ mod tests {
         first.put(b"b", b"1");
         first.delete(b"c");
         first.put(b"a", b"2");
-        staged.apply(first);
+        staged.apply(first).unwrap();
         let mut second = WriteBatch::new();
         second.delete(b"b");
         second.put_parts(&[b"c", b""], &[b"3", b"!"]);
         second.put(b"d", b"4");
         second.put(b"d", b"5");
-        staged.apply(second);
+        staged.apply(second).unwrap();
         assert_eq!(staged.get(b"a"), Some(Some(&b"2"[..])));
         assert_eq!(staged.get(b"b"), Some(None));
         assert_eq!(staged.get(b"c"), Some(Some(&b"3!"[..])));
@@ -2949,7 +2961,7 @@ mod tests {
             } else {
                 batch.delete(&key);
             }
-            staged.apply(batch);
+            staged.apply(batch).unwrap();
             keys.push(key);
         }
         keys.sort_unstable();
