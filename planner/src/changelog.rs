@@ -19,8 +19,8 @@
 //! ```
 //!
 //! `count`, `sum` and `avg` (over integers and floats) retract this way, as Flink's and
-//! Feldera's retracting accumulators do; `min`, `max` and the rest would need every value kept,
-//! and are refused before anything runs. Append mode keeps Spark's chained time-window
+//! Feldera's retracting accumulators do; `min` and `max` keep each group's distinct values with
+//! their counts (see [`crate::extreme`]); the rest are refused before anything runs. Append mode keeps Spark's chained time-window
 //! aggregations, where the inner one emits each group once, final.
 
 use std::fmt;
@@ -264,8 +264,9 @@ fn retracting(
         if p.distinct || !p.order_by.is_empty() {
             return Err(refuse(format!(
                 "`{e}` over an updating aggregation cannot take back a retracted row (DISTINCT \
-                 and ORDER BY in an aggregate need every value kept). Use count, sum or avg \
-                 without them, or run this aggregation over the sink's output in a batch query."
+                 and ORDER BY in an aggregate need every value kept). Use count, sum, avg, min \
+                 or max without them, or run this aggregation over the sink's output in a batch \
+                 query."
             )));
         }
         // Rows that count: every argument not null (count(*) has a literal argument).
@@ -280,6 +281,26 @@ fn retracting(
             None => w.clone(),
         };
         let (s_name, n_name) = (format!("__weir_{i}_sum"), format!("__weir_{i}_rows"));
+        if let ("max" | "min", [x]) = (name.as_str(), p.args.as_slice()) {
+            // The values themselves, each with its count (see `extreme`).
+            let f = crate::extreme::RetractingExtreme::udaf(name == "max");
+            sums.push(
+                Expr::AggregateFunction(AggregateFunction::new_udf(
+                    f,
+                    vec![x.clone(), w.clone()],
+                    false,
+                    p.filter.clone(),
+                    vec![],
+                    None,
+                ))
+                .alias(&s_name),
+            );
+            finals.push(
+                cast(col(Column::from_name(&s_name)), field.data_type().clone())
+                    .alias_qualified(qualifier.cloned(), field.name()),
+            );
+            continue;
+        }
         sums.push(sum_of(n_value, p.filter.clone()).alias(&n_name));
         let n = or_zero(col(Column::from_name(&n_name)));
         let final_value = match (name.as_str(), p.args.as_slice()) {
@@ -315,11 +336,10 @@ fn retracting(
             _ => {
                 return Err(refuse(format!(
                     "`{e}` over an updating aggregation is not supported: when a row of the \
-                     aggregation below changes, weir takes back the old one, which count, sum \
-                     and avg can do and {name} cannot without keeping every value. Use count, \
-                     sum or avg, give both aggregations event-time windows and use append \
-                     output mode, or run this aggregation over the sink's output in a batch \
-                     query."
+                     aggregation below changes, weir takes back the old one, which count, sum, \
+                     avg, min and max can do and {name} cannot. Use one of those, give both \
+                     aggregations event-time windows and use append output mode, or run this \
+                     aggregation over the sink's output in a batch query."
                 )));
             }
         };

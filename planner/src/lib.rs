@@ -12,6 +12,7 @@
 //!   contain (refused before anything runs).
 //! - [`sink_table`]: reading a weir file sink's output directory through its manifest.
 //! - [`changelog`]: an aggregation over an updating aggregation (retractions between them).
+//! - [`extreme`]: `min` and `max` that take back retracted rows (for [`changelog`]).
 //! - [`dedupe`]: streaming deduplication (`DISTINCT ON`, `drop_duplicates`).
 //! - [`join`]: joins of two streams, and the event-time range their condition implies.
 //! - [`limits`]: bounds on what one statement may make the planner do (expression depth).
@@ -26,6 +27,7 @@ pub mod analysis;
 pub mod auto_cdc;
 pub mod changelog;
 pub mod dedupe;
+pub mod extreme;
 pub mod join;
 pub mod limits;
 pub mod pipeline;
