@@ -332,11 +332,15 @@ impl RelationPlanner for StateReaderPlanner {
             return Ok(RelationPlanning::Original(Box::new(relation)));
         }
         let args = read_state_args(&args.args)?;
+        // DataFusion compares table scans by name, not by what they read: two reads of state in
+        // one query (operators 0 and 1 of one checkpoint) under one name were planned as one
+        // of them. Each scan is named by its arguments, and aliased back to `read_state`.
+        let scan_name = format!("{args:?}");
         let table =
             weir_common::block_on(StateTable::try_new(args, &self.live)).map_err(user)??;
-        let plan =
-            LogicalPlanBuilder::scan("read_state", provider_as_source(Arc::new(table)), None)?
-                .build()?;
+        let plan = LogicalPlanBuilder::scan(scan_name, provider_as_source(Arc::new(table)), None)?
+            .alias("read_state")?
+            .build()?;
         Ok(RelationPlanning::Planned(Box::new(PlannedRelation::new(
             plan,
             alias.clone(),
