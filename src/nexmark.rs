@@ -135,6 +135,14 @@ impl NexmarkQuery {
         self.directive("compare")
     }
 
+    /// The columns whose totals are compared, from a line `-- weir: totalsBy: <columns>`: the
+    /// compared columns (`-- weir: compare:`) are then aggregates grouped by these. Processing-time
+    /// windows (q12) put a key's rows in the windows of the batches that read them, which a
+    /// batch run cannot know; a run and batch SQL agree on each key's totals.
+    pub fn totals_by(&self) -> Option<&'static str> {
+        self.directive("totalsBy")
+    }
+
     /// The tables of the generator the query reads.
     pub fn tables(&self) -> Vec<Table> {
         let text = self.select().to_ascii_lowercase();
