@@ -448,6 +448,11 @@ impl StreamingAggregate {
     /// The output rows of groups with keys `keys` and accumulator state `state`.
     fn evaluate(&self, keys: &[&[u8]], state: &[ArrayRef]) -> Result<RecordBatch> {
         let n = keys.len();
+        if n == 0 {
+            // A partition the batch sent no rows: an accumulator DataFusion adapts from a
+            // row-at-a-time one has then made no state columns at all.
+            return Ok(RecordBatch::new_empty(Arc::clone(&self.schema)));
+        }
         let mut accs = self.aggregates.accumulators()?;
         let groups: Vec<usize> = (0..n).collect();
         self.aggregates.merge(&mut accs, state, &groups, n)?;
