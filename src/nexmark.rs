@@ -347,16 +347,24 @@ pub struct NexmarkReport {
 /// Runs a Nexmark query over generated events into the noop sink.
 pub async fn run_nexmark_bench(cfg: &NexmarkBenchConfig) -> Result<NexmarkReport> {
     let query = NexmarkQuery::find(&cfg.query).ok_or_else(|| {
-        Error::Internal(format!(
-            "Unknown Nexmark query '{}': expected nexmark-q0 to nexmark-q22.",
-            cfg.query
-        ))
+        Error::user(
+            "UNKNOWN_BENCH_WORKLOAD",
+            "42601",
+            format!(
+                "Unknown Nexmark query '{}': expected nexmark-q0 to nexmark-q22.",
+                cfg.query
+            ),
+        )
     })?;
     if let Some(why) = query.unsupported() {
-        return Err(Error::Internal(format!(
-            "weir cannot run Nexmark {} yet: {why} (see queries/nexmark/README.md).",
-            query.name
-        )));
+        return Err(Error::user(
+            "UNSUPPORTED_STREAMING_OPERATION",
+            "0A000",
+            format!(
+                "weir cannot run Nexmark {} yet: {why} (see queries/nexmark/README.md).",
+                query.name
+            ),
+        ));
     }
     let s = &cfg.streams;
     if let Some(dir) = &s.files

@@ -109,6 +109,21 @@ fn errors_have_a_class_and_a_nonzero_exit() {
     ]);
     assert!(!ok);
     assert!(stderr.contains("INVALID_TRIGGER"), "{stderr}");
+    // A Nexmark query weir cannot run says so and where to read why; one that does not exist
+    // names the ones that do.
+    let (ok, _, stderr) = weir(&["bench", "--workload", "nexmark-q6", "--events", "1000"]);
+    assert!(!ok);
+    assert!(
+        stderr.contains("[UNSUPPORTED_STREAMING_OPERATION] weir cannot run Nexmark q6")
+            && stderr.contains("queries/nexmark/README.md"),
+        "{stderr}"
+    );
+    let (ok, _, stderr) = weir(&["bench", "--workload", "nexmark-q99"]);
+    assert!(!ok);
+    assert!(
+        stderr.contains("[UNKNOWN_BENCH_WORKLOAD]") && stderr.contains("nexmark-q22"),
+        "{stderr}"
+    );
 }
 
 #[test]
