@@ -32,8 +32,8 @@ use datafusion::common::{Column, DFSchema, DFSchemaRef, Result, plan_err};
 use datafusion::functions_aggregate::sum::sum_udaf;
 use datafusion::logical_expr::expr::{AggregateFunction, Case};
 use datafusion::logical_expr::{
-    Aggregate, Expr, ExprSchemable, Extension, Filter, LogicalPlan, Projection, SubqueryAlias,
-    UserDefinedLogicalNodeCore, cast, col, lit,
+    Aggregate, AggregateUDF, Expr, ExprSchemable, Extension, Filter, LogicalPlan, Projection,
+    SubqueryAlias, UserDefinedLogicalNodeCore, cast, col, lit,
 };
 use weir_common::ClassifiedError;
 use weir_sinks::OutputMode;
@@ -221,16 +221,21 @@ fn case(condition: Expr, then: Expr, otherwise: Expr) -> Expr {
     ))
 }
 
-/// `sum(e) FILTER (WHERE filter)`.
-fn sum_of(e: Expr, filter: Option<Box<Expr>>) -> Expr {
+/// `f(args) FILTER (WHERE filter)`.
+fn call(f: Arc<AggregateUDF>, args: Vec<Expr>, filter: Option<Box<Expr>>) -> Expr {
     Expr::AggregateFunction(AggregateFunction::new_udf(
-        sum_udaf(),
-        vec![e],
+        f,
+        args,
         false,
         filter,
         vec![],
         None,
     ))
+}
+
+/// `sum(e) FILTER (WHERE filter)`.
+fn sum_of(e: Expr, filter: Option<Box<Expr>>) -> Expr {
+    call(sum_udaf(), vec![e], filter)
 }
 
 /// `e`, or 0 where it is null.
@@ -269,6 +274,17 @@ fn retracting(
                  query."
             )));
         }
+        let (s_name, n_name) = (format!("__weir_{i}_sum"), format!("__weir_{i}_rows"));
+        if let ("max" | "min", [x]) = (name.as_str(), p.args.as_slice()) {
+            // The values themselves, each with its count (see `extreme`).
+            let f = crate::extreme::RetractingExtreme::udaf(name == "max");
+            sums.push(call(f, vec![x.clone(), w.clone()], p.filter.clone()).alias(&s_name));
+            finals.push(
+                cast(col(Column::from_name(&s_name)), field.data_type().clone())
+                    .alias_qualified(qualifier.cloned(), field.name()),
+            );
+            continue;
+        }
         // Rows that count: every argument not null (count(*) has a literal argument).
         let counted = p
             .args
@@ -280,27 +296,6 @@ fn retracting(
             Some(c) => case(c, w.clone(), lit(0i64)),
             None => w.clone(),
         };
-        let (s_name, n_name) = (format!("__weir_{i}_sum"), format!("__weir_{i}_rows"));
-        if let ("max" | "min", [x]) = (name.as_str(), p.args.as_slice()) {
-            // The values themselves, each with its count (see `extreme`).
-            let f = crate::extreme::RetractingExtreme::udaf(name == "max");
-            sums.push(
-                Expr::AggregateFunction(AggregateFunction::new_udf(
-                    f,
-                    vec![x.clone(), w.clone()],
-                    false,
-                    p.filter.clone(),
-                    vec![],
-                    None,
-                ))
-                .alias(&s_name),
-            );
-            finals.push(
-                cast(col(Column::from_name(&s_name)), field.data_type().clone())
-                    .alias_qualified(qualifier.cloned(), field.name()),
-            );
-            continue;
-        }
         sums.push(sum_of(n_value, p.filter.clone()).alias(&n_name));
         let n = or_zero(col(Column::from_name(&n_name)));
         let final_value = match (name.as_str(), p.args.as_slice()) {

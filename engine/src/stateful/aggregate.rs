@@ -391,11 +391,7 @@ impl StreamingAggregate {
     fn changes(&self, keys: &[&[u8]], state: &[ArrayRef], stored: &Stored) -> Result<RecordBatch> {
         let new = self.evaluate(keys, state)?;
         let old_keys: Vec<&[u8]> = stored.groups.iter().map(|&g| keys[g]).collect();
-        let old = if old_keys.is_empty() {
-            RecordBatch::new_empty(Arc::clone(&self.schema))
-        } else {
-            self.evaluate(&old_keys, &stored.state)?
-        };
+        let old = self.evaluate(&old_keys, &stored.state)?;
         let mut inserted = vec![true; keys.len()];
         let mut retracted: Vec<u32> = vec![];
         let value_columns = self.schema.fields().len() - self.num_group;
